@@ -1,0 +1,48 @@
+# w4: `make demo` and `make test` work from a fresh clone, outside any venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# the GPU machine's own interpreter, which already holds CUDA torch
+GPU_PYTHON ?= python3
+
+.PHONY: all demo test test-gpu kernels-check bench-stream clean
+
+all: test
+
+# On a machine without an NVIDIA GPU, torch's CPU build goes in first, so pip never pulls several
+# GB of CUDA wheels: a local CPU wheel if pip can find one, else PyTorch's CPU index.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/pip install -q torch; \
+	else \
+		$(BIN)/pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+		|| $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	rm -rf demo
+	$(BIN)/python -m w4cli.demo demo
+	HF_HUB_OFFLINE=1 $(BIN)/w4 dequantize w4-demo/tiny-llama-awq demo/dense --cache-dir demo/hub
+
+test: $(STAMP)
+	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) --no-print-directory kernels-check; \
+	else echo "nvcc not on PATH: skipping kernels-check"; fi
+	$(BIN)/python -m pytest
+
+# on a machine with a CUDA GPU and its own torch (the device machine): the GPU-marked tests
+test-gpu:
+	$(GPU_PYTHON) -m pytest -m gpu -rA
+
+kernels-check:
+	bash kernels/check.sh
+
+# streaming memory and throughput on a synthetic Llama-7B-shaped checkpoint (docs/performance.md)
+bench-stream: $(STAMP)
+	$(BIN)/python tests/perf_dequantize_stream.py
+
+clean:
+	rm -rf $(VENV) demo build *.egg-info

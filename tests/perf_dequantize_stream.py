@@ -1,0 +1,122 @@
+"""Streaming benchmark (not a test): peak memory and throughput of `w4 dequantize` on a synthetic
+Llama-7B-shaped AWQ checkpoint (32 layers, hidden 4096, intermediate 11008, vocab 32000, G=128).
+
+    make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR]
+
+Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream), then runs the installed
+`w4 dequantize --max-shard-size 500MB` in a child process and reports its peak RSS (getrusage of
+the child) and MB/s written, beside the time a plain `cp` of the output takes (the disk's pace).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+HIDDEN, INTER, LAYERS, VOCAB, G = 4096, 11008, 32, 32000, 128
+LINEARS = {
+    "self_attn.q_proj": (HIDDEN, HIDDEN),
+    "self_attn.k_proj": (HIDDEN, HIDDEN),
+    "self_attn.v_proj": (HIDDEN, HIDDEN),
+    "self_attn.o_proj": (HIDDEN, HIDDEN),
+    "mlp.gate_proj": (HIDDEN, INTER),
+    "mlp.up_proj": (HIDDEN, INTER),
+    "mlp.down_proj": (INTER, HIDDEN),
+}  # name -> (K, N)
+
+
+def awq_linear(k: int, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    full = lambda *shape: torch.randint(-(2**31), 2**31, shape, generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = (torch.rand(k // G, n, generator=gen) * 0.01 + 1e-3).half()
+    return {"qweight": full(k, n // 8), "qzeros": full(k // G, n // 8), "scales": scales}
+
+
+def build(root: Path) -> None:
+    if (root / "config.json").exists():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    weight_map, shard, shard_bytes, index = {}, {}, 0, 1
+    names: list[tuple[str, torch.Tensor]] = []
+
+    def flush() -> None:
+        nonlocal shard, shard_bytes, index
+        if shard:
+            file = f"model-{index:05d}.safetensors"
+            save_file(shard, root / file, metadata={"format": "pt"})
+            weight_map.update({name: file for name in shard})
+            shard, shard_bytes, index = {}, 0, index + 1
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        nonlocal shard_bytes
+        if shard_bytes + tensor.nbytes > 2_000_000_000:
+            flush()
+        shard[name] = tensor
+        shard_bytes += tensor.nbytes
+
+    add("model.embed_tokens.weight", (torch.randn(VOCAB, HIDDEN, generator=gen) * 0.02).half())
+    for layer in range(LAYERS):
+        base = f"model.layers.{layer}"
+        add(f"{base}.input_layernorm.weight", torch.ones(HIDDEN).half())
+        add(f"{base}.post_attention_layernorm.weight", torch.ones(HIDDEN).half())
+        for name, (k, n) in LINEARS.items():
+            for part, value in awq_linear(k, n, gen).items():
+                add(f"{base}.{name}.{part}", value)
+    add("model.norm.weight", torch.ones(HIDDEN).half())
+    add("lm_head.weight", (torch.randn(VOCAB, HIDDEN, generator=gen) * 0.02).half())
+    flush()
+    # rename to the -of-N pattern now that N is known
+    total = index - 1
+    renamed = {}
+    for i in range(1, total + 1):
+        old, new = f"model-{i:05d}.safetensors", f"model-{i:05d}-of-{total:05d}.safetensors"
+        (root / old).rename(root / new)
+        renamed[old] = new
+    index_doc = {"metadata": {}, "weight_map": {k: renamed[v] for k, v in weight_map.items()}}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index_doc))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
+        "intermediate_size": INTER, "num_hidden_layers": LAYERS, "vocab_size": VOCAB, "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": G, "version": "gemm", "zero_point": True},
+    }
+    (root / "config.json").write_text(json.dumps(config))
+
+
+def main() -> None:
+    work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/w4-stream")
+    src, out, copy = work / "awq-7b", work / "dense", work / "dense-copy"
+    build(src)
+    for path in (out, copy):
+        shutil.rmtree(path, ignore_errors=True)
+    w4 = Path(sys.executable).with_name("w4")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [str(w4), "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", "cpu", "--json"],
+        capture_output=True, text=True,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(proc.stderr)
+    summary = json.loads(proc.stdout)
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    start = time.perf_counter()
+    subprocess.run(["cp", "-r", str(out), str(copy)], check=True)
+    subprocess.run(["sync"], check=True)
+    cp_seconds = time.perf_counter() - start
+    shutil.rmtree(copy, ignore_errors=True)
+    written = summary["bytes_out"] / 1e6
+    print(f"input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in {len(summary['files']) - 3} shards")
+    print(f"w4 dequantize: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
+    print(f"cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s")
+
+
+if __name__ == "__main__":
+    main()

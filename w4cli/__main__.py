@@ -1,0 +1,3 @@
+from w4cli.cli import main
+
+main()

@@ -1,0 +1,64 @@
+"""The `w4` command: registers the subcommands. Every command runs inside console.boundary, so a
+failure is one line on stderr and an exit code from docs/cli.md; W4_DEBUG=1 shows the traceback."""
+
+from __future__ import annotations
+
+import typer
+
+from w4cli import __version__
+from w4cli.commands.dequantize import dequantize
+
+app = typer.Typer(
+    name="w4",
+    help="int4 (W4A16, AWQ) checkpoints: dequantize, repack, GEMV kernel, benchmarks, verification.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    # never print locals: a traceback could show an HF token
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"w4 {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """int4 (W4A16, AWQ) checkpoints: correct to the bit, as fast as the GPU allows."""
+
+
+app.command("dequantize")(dequantize)
+
+
+def _not_yet(name: str, issue: str):
+    def command() -> None:
+        from w4cli.console import error_line
+
+        error_line(f"w4 {name} is not available in this version yet ({issue})")
+        raise typer.Exit(1)
+
+    command.__doc__ = f"(not available yet: {issue})"
+    return command
+
+
+for _name, _issue in (
+    ("repack", "arrives with the GEMV kernel"),
+    ("gemv", "arrives with the GEMV kernel"),
+    ("bench", "arrives after the GEMV kernel"),
+    ("verify", "arrives after the kernels"),
+):
+    app.command(_name)(_not_yet(_name, _issue))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

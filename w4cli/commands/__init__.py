@@ -1,0 +1,1 @@
+"""One module per subcommand: options in, library calls, rendering out."""

@@ -1,0 +1,57 @@
+"""The one way w4 writes a checkpoint: plan shards from the output tensors' shapes, write them
+one shard at a time into an atomic directory, then config, index and the copied files.
+`w4 dequantize` and `w4 repack` differ only in the tensors and config they hand in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from w4cli.checkpoint import Checkpoint
+from w4cli.console import byte_progress
+from w4cli.writer import AtomicDirectory, OutputTensor, copy_files, plan_shards, write_json, write_shards
+
+
+@dataclass
+class ConversionReport:
+    output: Path
+    files: list[str]
+    tensors: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_out / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def write_checkpoint(
+    source: Checkpoint,
+    output: Path,
+    tensors: list[OutputTensor],
+    config: dict[str, Any],
+    aux_files: list[str],
+    max_shard_size: int,
+    label: str,
+) -> ConversionReport:
+    start = time.perf_counter()
+    plan = plan_shards(tensors, max_shard_size)
+    total = sum(t.nbytes for t in tensors)
+    with AtomicDirectory(output) as directory, byte_progress(label, total) as advance:
+        write_shards(directory.temp, plan, advance)
+        write_json(directory.temp / "config.json", config)
+        copy_files(source.root, directory.temp, aux_files)
+        files = sorted(p.name for p in directory.temp.iterdir())
+        directory.commit()
+    return ConversionReport(
+        output=output,
+        files=files,
+        tensors=len(tensors),
+        bytes_in=sum(t.source_bytes for t in tensors),
+        bytes_out=total,
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,97 @@
+"""The dequantize step: every AWQ linear becomes `<prefix>.weight` [N, K] = (q - z) * s, rounded
+once to the output dtype; activation scales are folded into the linear they feed; everything else
+is cast and copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
+from w4cli.checkpoint import FLOAT_CODES
+from w4cli.formats import awq_gemm
+from w4cli.layers import AwqModel, QuantLinear
+from w4cli.writer import OutputTensor
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+# (qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N], dtype) -> [N, K] dtype on the CPU;
+# dtype float32 must be the exact product (q - z) * s
+Dequantizer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+
+
+def cpu_dequantizer(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return awq_gemm.dequantize(qweight, qzeros, scales, dtype=dtype, transpose=True)
+
+
+def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """W[n, k] / a[k], rounded once to dtype.
+
+    The quotient is computed in float64 and rounded to the output dtype: float64 -> float32 (on the
+    way to a 16-bit type) -> 16-bit is still a correct rounding, because double rounding is
+    harmless when the wider format has at least 2p+2 bits (24 >= 2*11+2).
+    """
+    return (weight.to(torch.float64) / act_scales.to(torch.float64).view(1, -1)).to(dtype)
+
+
+def _layer_tensor(model: AwqModel, layer: QuantLinear, dtype: torch.dtype, dequantizer: Dequantizer) -> OutputTensor:
+    checkpoint = model.checkpoint
+    act = model.act_scales.get(layer.weight)
+    inputs = [layer.qweight, layer.qzeros, layer.scales] + ([act.name] if act else [])
+
+    def produce() -> torch.Tensor:
+        t = checkpoint.read(*inputs)
+        if act is None:
+            return dequantizer(t[layer.qweight], t[layer.qzeros], t[layer.scales], dtype)
+        exact = dequantizer(t[layer.qweight], t[layer.qzeros], t[layer.scales], torch.float32)
+        return fold_act_scales(exact, t[act.name], dtype)
+
+    return OutputTensor(
+        name=layer.weight,
+        shape=(layer.out_features, layer.in_features),
+        dtype=dtype,
+        produce=produce,
+        source_bytes=sum(checkpoint.tensors[n].nbytes for n in inputs),
+    )
+
+
+def _plain_tensor(model: AwqModel, name: str, dtype: torch.dtype) -> OutputTensor:
+    checkpoint = model.checkpoint
+    info = checkpoint.tensors[name]
+    act = model.act_scales.get(name)
+    is_float = info.dtype in FLOAT_CODES
+    out_dtype = dtype if is_float else SAFETENSORS_DTYPES[info.dtype]
+    inputs = [name] + ([act.name] if act else [])
+
+    def produce() -> torch.Tensor:
+        t = checkpoint.read(*inputs)
+        if act is not None:
+            return fold_act_scales(t[name], t[act.name], out_dtype)
+        return t[name].to(out_dtype)
+
+    return OutputTensor(name, info.shape, out_dtype, produce, sum(checkpoint.tensors[n].nbytes for n in inputs))
+
+
+def plan_tensors(model: AwqModel, dtype: torch.dtype, dequantizer: Dequantizer) -> list[OutputTensor]:
+    tensors: list[OutputTensor] = []
+    for kind, name in model.order:
+        if kind == "layer":
+            layer = model.layers[name]
+            tensors.append(_layer_tensor(model, layer, dtype, dequantizer))
+            if layer.bias:
+                tensors.append(_plain_tensor(model, layer.bias, dtype))
+        else:
+            tensors.append(_plain_tensor(model, name, dtype))
+    return tensors
+
+
+def dense_config(config: dict[str, Any], dtype_name: str) -> dict[str, Any]:
+    """config.json for the dense checkpoint: no quantization_config, dtype set under both the
+    current key (`dtype`) and the one older transformers read (`torch_dtype`)."""
+    out = {key: value for key, value in config.items() if key != "quantization_config"}
+    out["torch_dtype"] = dtype_name
+    out["dtype"] = dtype_name
+    return out

@@ -1,0 +1,1 @@
+"""One module per weight layout: its constants, validation, packing and reference math."""

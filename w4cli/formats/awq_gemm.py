@@ -1,0 +1,84 @@
+"""AutoAWQ "gemm" layout: the pure-torch reference w4 checks everything against.
+
+Layout (K = in_features, N = out_features, G = group size):
+    qweight [K, N/8]  int32   8 output channels per word, nibble i holds channel 8c + AWQ_ORDER[i]
+    qzeros  [K/G, N/8] int32  packed like qweight
+    scales  [K/G, N]  float16 (bfloat16 accepted)
+    W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]
+
+These functions are the CPU path of `w4 dequantize` and the oracle for every CUDA kernel, so they
+are vectorised (no Python loop over elements) and exact: (q - z) is a small integer and its product
+with a 16-bit scale needs at most 15 significant bits, so float32 holds it exactly and the only
+rounding is the final cast to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# element j of the 8 channels sits in nibble AWQ_REVERSE_ORDER[j]
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+PACK = 8  # int4 codes per int32 word
+
+
+def _shifts(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor([4 * n for n in AWQ_REVERSE_ORDER], dtype=dtype, device=device)
+
+
+# packed [R, C/8] int32 (AWQ order along C) -> codes [R, C] uint8 in natural order, values 0..15
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    if packed.dtype != torch.int32:
+        raise TypeError(f"packed int4 words must be int32, got {packed.dtype}")
+    rows, words = packed.shape
+    # >> on int32 is arithmetic (sign-extending), so mask after the shift: the top nibble of a
+    # negative word is still read correctly.
+    codes = (packed.unsqueeze(-1) >> _shifts(packed.device, torch.int32)) & 0xF
+    return codes.to(torch.uint8).reshape(rows, words * PACK)
+
+
+# codes [R, C] integers 0..15 in natural order -> packed [R, C/8] int32 (AWQ order along C)
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    rows, cols = codes.shape
+    if cols % PACK:
+        raise ValueError(f"the packed dimension must be a multiple of {PACK}, got {cols}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
+        raise ValueError("int4 codes must lie in 0..15")
+    grouped = codes.to(torch.int64).reshape(rows, cols // PACK, PACK)
+    words = (grouped << _shifts(codes.device, torch.int64)).sum(-1)
+    # words are in [0, 2^32): reinterpret the upper half as negative int32, as AutoAWQ's files hold
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32)
+
+
+def group_size_of(in_features: int, scale_rows: int) -> int:
+    """G from the tensor shapes; callers validate K % G == 0 beforehand."""
+    return in_features // scale_rows
+
+
+# qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16
+# -> float32 [K, N], exactly (q - z) * s
+def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    k, n = qweight.shape[0], qweight.shape[1] * PACK
+    groups = scales.shape[0]
+    g = k // groups
+    q = unpack(qweight).view(groups, g, n)
+    z = unpack(qzeros).view(groups, 1, n)
+    diff = q.to(torch.int16) - z.to(torch.int16)
+    return (diff.to(torch.float32) * scales.to(torch.float32).view(groups, 1, n)).view(k, n)
+
+
+# -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype
+def dequantize(
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype = torch.float16,
+    transpose: bool = True,
+) -> torch.Tensor:
+    # cast first, transpose second: the rounding is elementwise, and the transposing copy then
+    # moves half the bytes
+    weight = dequantize_exact(qweight, qzeros, scales).to(dtype)
+    return weight.t().contiguous() if transpose else weight

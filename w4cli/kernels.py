@@ -1,0 +1,308 @@
+"""Lazy JIT loader of the w4 CUDA kernels, and thin Python wrappers around them.
+
+Nothing here builds or touches CUDA at import time: `w4` must import on machines without a GPU.
+The first call that needs a kernel runs `load()`, which compiles `kernels/ops.cpp` plus every
+`kernels/*.cu` with `torch.utils.cpp_extension.load` for the present GPU's architecture only, into
+
+    $XDG_CACHE_HOME/w4/kernels/<key>   (default ~/.cache/w4/kernels/<key>)
+
+where <key> hashes every kernel source (.cu/.cuh/.h/.cpp), the torch version, torch's CUDA version,
+nvcc's version and the GPU arch, so a changed source or toolchain gets a fresh build directory and
+later runs load the cached build in about a second.
+
+Locking: torch guards a build directory with a `lock` file created O_EXCL and waits forever while it
+exists, so a build killed halfway would hang every later run. We take our own `fcntl.flock` (released
+by the kernel when the process dies, however it dies) around `load`, and while holding it delete any
+torch `lock` left behind: nobody else can be building there, because every w4 build holds our lock.
+
+Failure modes raise `EnvironmentUnavailable` (exit code 3) with one line: no CUDA GPU, a GPU older
+than sm_80, no nvcc (`CUDA_HOME` unknown), no ninja, or a failed build (the compiler's log is written
+to `<build dir>/build.log` and named in the message).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from w4cli.errors import EnvironmentUnavailable
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
+LOCK_TIMEOUT_S = 30 * 60.0  # a first build takes about a minute; anything this long is a stuck peer
+
+_module: Any = None
+
+
+def cache_root() -> Path:
+    """`$XDG_CACHE_HOME/w4/kernels`, or `~/.cache/w4/kernels`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "w4" / "kernels"
+
+
+def source_files(kernel_dir: Path = KERNEL_DIR) -> list[Path]:
+    """Every kernel source that goes into the hash (sorted, so the hash is stable)."""
+    return sorted(p for p in kernel_dir.iterdir() if p.is_file() and p.suffix in SOURCE_SUFFIXES)
+
+
+def build_sources(kernel_dir: Path = KERNEL_DIR) -> list[Path]:
+    """What is compiled: ops.cpp (the one binding) plus every .cu, so new kernels join by existing."""
+    return [kernel_dir / "ops.cpp"] + sorted(kernel_dir.glob("*.cu"))
+
+
+def _nvcc_path() -> str | None:
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if home:
+        cand = Path(home) / "bin" / "nvcc"
+        if cand.exists():
+            return str(cand)
+    return shutil.which("nvcc") if home else None
+
+
+def _nvcc_version(nvcc: str) -> str:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def cache_key(arch: str, kernel_dir: Path = KERNEL_DIR, nvcc_version: str = "") -> str:
+    """Hash of the sources' names and contents, torch + CUDA versions, nvcc version and the arch."""
+    h = hashlib.sha256()
+    for p in source_files(kernel_dir):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for part in (torch.__version__, str(torch.version.cuda), nvcc_version, arch, sys.version[:8]):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _gpu_arch() -> tuple[int, int]:
+    if not torch.cuda.is_available():
+        raise EnvironmentUnavailable("no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        name = torch.cuda.get_device_name()
+        raise EnvironmentUnavailable(f"the w4 kernels need compute capability 8.0 or newer; {name} is {major}.{minor}")
+    return major, minor
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if the kernels can be built or loaded here, else (False, reason). Never raises, never builds."""
+    try:
+        from torch.utils import cpp_extension
+
+        if _module is not None:
+            return True, ""
+        _gpu_arch()
+        if _nvcc_path() is None:
+            return False, "nvcc not found (torch.utils.cpp_extension.CUDA_HOME is not set)"
+        if not cpp_extension.is_ninja_available():
+            return False, "ninja not found (torch's JIT build needs it: pip install ninja)"
+        return True, ""
+    except EnvironmentUnavailable as exc:
+        return False, str(exc)
+    except Exception as exc:  # noqa: BLE001 - available() must never raise
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+class _BuildLock:
+    """Exclusive fcntl.flock on `path`, waiting at most `timeout` seconds.
+
+    The kernel drops the lock when the holder's process dies, so a killed build never blocks the next.
+    """
+
+    def __init__(self, path: Path, timeout: float = LOCK_TIMEOUT_S, poll: float = 0.2):
+        self.path, self.timeout, self.poll = path, timeout, poll
+        self._fd: int | None = None
+
+    def __enter__(self) -> "_BuildLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise EnvironmentUnavailable(
+                        f"another w4 process has held the kernel build lock {self.path} for over "
+                        f"{self.timeout:.0f}s; if none is running, delete that file"
+                    ) from None
+                time.sleep(self.poll)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def remove_stale_torch_lock(build_dir: Path) -> bool:
+    """Delete torch's FileBaton `lock` in build_dir. Call only while holding _BuildLock.
+
+    Returns True if a stale lock was found (a previous build was killed halfway).
+    """
+    stale = build_dir / "lock"
+    try:
+        stale.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _extension_name(key: str) -> str:
+    return f"w4_kernels_{key}"
+
+
+def _is_built(build_dir: Path, name: str) -> bool:
+    return any(build_dir.glob(f"{name}*.so"))
+
+
+def load() -> Any:
+    """Build (first time) or load (cached) the kernels module; raise EnvironmentUnavailable if impossible."""
+    global _module
+    if _module is not None:
+        return _module
+    from torch.utils import cpp_extension
+
+    major, minor = _gpu_arch()
+    nvcc = _nvcc_path()
+    if nvcc is None:
+        raise EnvironmentUnavailable("nvcc not found (torch.utils.cpp_extension.CUDA_HOME is not set); install the CUDA toolkit")
+    if not cpp_extension.is_ninja_available():
+        raise EnvironmentUnavailable("ninja not found (torch's JIT build needs it: pip install ninja)")
+
+    arch = f"{major}{minor}"
+    key = cache_key(arch, nvcc_version=_nvcc_version(nvcc))
+    name = _extension_name(key)
+    build_dir = cache_root() / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MAX_JOBS", str(max(1, min(8, os.cpu_count() or 1))))
+
+    cuda_flags = [
+        "-O3",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",  # this GPU only; no --use_fast_math (bit-exactness)
+        "-lineinfo",
+    ]
+    with _BuildLock(cache_root() / f"{key}.lock"):
+        remove_stale_torch_lock(build_dir)
+        cached = _is_built(build_dir, name)
+        try:
+            if cached:
+                module = _jit_load(name, build_dir, cuda_flags)
+            else:
+                from rich.console import Console
+
+                console = Console(stderr=True)
+                what = f"Building w4 CUDA kernels for sm_{arch} (first run, about a minute) in {build_dir}"
+                with console.status(what, spinner="dots"):
+                    module = _jit_load(name, build_dir, cuda_flags)
+        except Exception as exc:  # noqa: BLE001 - any build failure is an environment problem
+            log = build_dir / "build.log"
+            try:
+                log.write_text(f"{type(exc).__name__}: {exc}\n")
+            except OSError:
+                log = Path("<unwritable>")
+            raise EnvironmentUnavailable(f"building the w4 CUDA kernels failed; compiler log: {log}") from exc
+    _module = module
+    return module
+
+
+def _jit_load(name: str, build_dir: Path, cuda_flags: list[str]) -> Any:
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(
+        name=name,
+        sources=[str(p) for p in build_sources()],
+        build_directory=str(build_dir),
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=cuda_flags,
+        extra_include_paths=[str(KERNEL_DIR)],
+        verbose=False,
+    )
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16 (all CUDA, contiguous)
+# -> [N, K] (transpose=True, nn.Linear layout) or [K, N]; bit-identical to
+# w4cli.formats.awq_gemm.dequantize(qweight, qzeros, scales, dtype, transpose).
+def dequantize_awq(
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype = torch.float16,
+    transpose: bool = True,
+) -> torch.Tensor:
+    """Dequantize an AWQ "gemm" layer on the GPU.
+
+    Args:
+        qweight: [K, N/8] int32, 8 output channels per word in AWQ nibble order.
+        qzeros: [K/G, N/8] int32, packed like qweight.
+        scales: [K/G, N] float16 or bfloat16, 16-byte aligned.
+        dtype: output dtype, float16, bfloat16 or float32.
+        transpose: True -> [N, K] (nn.Linear.weight), False -> [K, N].
+    Raises EnvironmentUnavailable when the kernels cannot be built here, and RuntimeError (from the
+    binding's checks) for bad tensors.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype}")
+    return load().dequantize_awq(qweight, qzeros, scales, dtype, bool(transpose))
+
+
+# ---- gemv (w4 GEMV layout) ----
+GEMV_MAX_M = 8  # rows of x per kernel launch (one mma n8 tile); larger M is split into launches
+
+
+# x [M, K] fp16; qweight [N/8, ceil(K/128), 8, 16] int32; qzeros [K/G, N/8] int32;
+# scales [K/G, N] fp16; bias [N] fp16 | None (all CUDA, contiguous) -> y [M, N] fp16
+def gemv(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    meta: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    splits: int = 0,
+) -> torch.Tensor:
+    """y = x @ W^T (+ bias) for one linear in the w4-gemv layout (w4cli.formats.w4_gemv).
+
+    Args:
+        x: [M, K] float16 activations (a 1-D [K] vector is taken as M = 1 and returns [N]).
+        qweight, qzeros, scales: the layer's w4-gemv tensors (`w4_gemv.repack_from_awq`).
+        meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
+            the tensor shapes), so no device-to-host copy happens here.
+        bias: optional [N] float16, added in fp32 before the single rounding to fp16.
+        splits: warps per 16-row tile (split-K), 0 = automatic; for tuning only.
+    M <= 8 is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
+    weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
+    Matches w4_gemv.gemv_reference(x, ...) rounded to fp16, up to fp32 summation order.
+    Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
+    binding's checks, one readable line) for bad tensors.
+    """
+    del meta
+    mod = load()
+    if x.dim() == 1:
+        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, splits=splits).squeeze(0)
+    if x.dim() == 2 and x.shape[0] > GEMV_MAX_M:
+        parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits))
+                 for i in range(0, x.shape[0], GEMV_MAX_M)]
+        return torch.cat(parts, dim=0)
+    return mod.gemv_w4(x, qweight, qzeros, scales, bias, int(splits))

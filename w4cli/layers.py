@@ -1,0 +1,196 @@
+"""Split an AWQ checkpoint's tensors into quantized linears, activation scales and plain tensors,
+checking every shape against the others and against the quantization config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from w4cli.checkpoint import FLOAT_CODES, Checkpoint, TensorInfo
+from w4cli.errors import InputRefused
+from w4cli.formats.awq_gemm import PACK
+from w4cli.quant_config import AwqScheme
+
+QUANT_SUFFIXES = ("qweight", "qzeros", "scales")
+SCALE_CODES = {"F16", "BF16"}
+
+
+@dataclass(frozen=True)
+class QuantLinear:
+    """One AWQ gemm linear: qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N]."""
+
+    prefix: str
+    in_features: int  # K
+    out_features: int  # N
+    group_size: int  # G (K for one group)
+    bias: str | None
+
+    @property
+    def qweight(self) -> str:
+        return f"{self.prefix}.qweight"
+
+    @property
+    def qzeros(self) -> str:
+        return f"{self.prefix}.qzeros"
+
+    @property
+    def scales(self) -> str:
+        return f"{self.prefix}.scales"
+
+    @property
+    def weight(self) -> str:
+        return f"{self.prefix}.weight"
+
+
+@dataclass(frozen=True)
+class ActScale:
+    """AutoAWQ's ScaledActivation: act(x) / scales feeds one linear; `target` is that linear's
+    weight name (a quantized prefix's `.weight` or a plain weight tensor)."""
+
+    name: str
+    target: str
+
+
+@dataclass
+class AwqModel:
+    checkpoint: Checkpoint
+    scheme: AwqScheme
+    layers: dict[str, QuantLinear]  # by prefix
+    act_scales: dict[str, ActScale]  # by target weight name
+    plain: list[str]  # tensors copied (cast) as they are
+    order: list[tuple[str, str]]  # ("layer", prefix) | ("plain", name), in checkpoint order
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise InputRefused(message)
+
+
+def _check_layer(prefix: str, t: dict[str, TensorInfo], scheme: AwqScheme, bias: TensorInfo | None) -> QuantLinear:
+    qweight, qzeros, scales = t["qweight"], t["qzeros"], t["scales"]
+    _expect(qweight.dtype == "I32", f"{qweight.name} has dtype {qweight.dtype}; AWQ qweight is I32")
+    _expect(qzeros.dtype == "I32", f"{qzeros.name} has dtype {qzeros.dtype}; AWQ qzeros is I32")
+    _expect(scales.dtype in SCALE_CODES, f"{scales.name} has dtype {scales.dtype}; AWQ scales are F16 (or BF16)")
+    for info in (qweight, qzeros, scales):
+        _expect(len(info.shape) == 2, f"{info.name} has shape {list(info.shape)}; expected 2 dimensions")
+    k, words = qweight.shape
+    groups, n = scales.shape
+    _expect(k > 0 and words > 0, f"{qweight.name} is empty")
+    _expect(
+        words * PACK == n,
+        f"{prefix}: qweight {list(qweight.shape)} packs {words * PACK} output channels but scales {list(scales.shape)} has {n}",
+    )
+    _expect(
+        qzeros.shape == (groups, words),
+        f"{prefix}: qzeros {list(qzeros.shape)} does not match scales {list(scales.shape)} (expected [{groups}, {words}])",
+    )
+    if scheme.group_size == -1:
+        _expect(groups == 1, f"{prefix}: group_size -1 means one group, but scales has {groups} rows")
+        g = k
+    else:
+        g = scheme.group_size
+        _expect(k % g == 0, f"{prefix}: in_features {k} is not a multiple of group_size {g}")
+        _expect(
+            groups * g == k,
+            f"{prefix}: scales has {groups} rows but in_features {k} / group_size {g} = {k // g}",
+        )
+    if bias is not None:
+        _expect(bias.dtype in FLOAT_CODES, f"{bias.name} has dtype {bias.dtype}; expected a float bias")
+        _expect(bias.shape == (n,), f"{bias.name} has shape {list(bias.shape)}; expected [{n}]")
+    return QuantLinear(prefix, k, n, g, bias.name if bias else None)
+
+
+def find_layers(checkpoint: Checkpoint, scheme: AwqScheme) -> AwqModel:
+    tensors = checkpoint.tensors
+    parts: dict[str, dict[str, TensorInfo]] = {}
+    for name, info in tensors.items():
+        prefix, _, suffix = name.rpartition(".")
+        if suffix in QUANT_SUFFIXES:
+            parts.setdefault(prefix, {})[suffix] = info
+
+    layers: dict[str, QuantLinear] = {}
+    act_candidates: list[TensorInfo] = []
+    for prefix, found in parts.items():
+        if "qweight" in found:
+            for suffix in ("qzeros", "scales"):
+                _expect(suffix in found, f"{prefix}.qweight has no {prefix}.{suffix}")
+            bias = tensors.get(f"{prefix}.bias")
+            layer = _check_layer(prefix, found, scheme, bias)
+            _expect(layer.weight not in tensors, f"{prefix} has both qweight and weight; which one is the layer?")
+            layers[prefix] = layer
+        elif set(found) == {"scales"} and len(found["scales"].shape) == 1:
+            act_candidates.append(found["scales"])
+        else:
+            extra = sorted(found)[0]
+            raise InputRefused(f"{prefix}.{extra} has no {prefix}.qweight: a stray quantization tensor")
+    _expect(bool(layers), "no quantized linear (no *.qweight tensor) in the checkpoint")
+
+    quant_parts = {layer.bias for layer in layers.values() if layer.bias}
+    for layer in layers.values():
+        quant_parts.update((layer.qweight, layer.qzeros, layer.scales))
+
+    act_scales: dict[str, ActScale] = {}
+    for info in act_candidates:
+        target = _act_scale_target(info, layers, tensors)
+        _expect(target not in act_scales, f"{target} is fed by two activation scales")
+        act_scales[target] = ActScale(info.name, target)
+    act_names = {a.name for a in act_scales.values()}
+
+    order: list[tuple[str, str]] = []
+    plain: list[str] = []
+    for name in tensors:
+        if name in act_names:
+            continue
+        prefix = _parent(name)
+        if name.endswith(".qweight") and prefix in layers:
+            order.append(("layer", prefix))
+        elif name not in quant_parts:
+            plain.append(name)
+            order.append(("plain", name))
+    return AwqModel(checkpoint, scheme, layers, act_scales, plain, order)
+
+
+def _act_scale_target(info: TensorInfo, layers: dict[str, QuantLinear], tensors: dict[str, TensorInfo]) -> str:
+    """The linear that `act(x) / scales` feeds: a sibling of the activation module whose input
+    width is the scales' length. Anything but exactly one candidate is refused."""
+    _expect(info.dtype in FLOAT_CODES, f"{info.name} has dtype {info.dtype}; activation scales are floats")
+    width = info.shape[0]
+    module = _parent(info.name)  # e.g. "...mlp.act"
+    parent = _parent(module)  # e.g. "...mlp"
+    candidates = [
+        layer.weight for layer in layers.values() if _parent(layer.prefix) == parent and layer.in_features == width
+    ]
+    candidates += [
+        name
+        for name, t in tensors.items()
+        if name.endswith(".weight")
+        and _parent(_parent(name)) == parent
+        and len(t.shape) == 2
+        and t.shape[1] == width
+        and t.dtype in FLOAT_CODES
+    ]
+    if len(candidates) != 1:
+        found = ", ".join(sorted(candidates)) or "none"
+        raise InputRefused(
+            f"cannot tell which linear the activation scales {info.name} feed (candidates with {width} inputs under '{parent}': {found})"
+        )
+    return candidates[0]
+
+
+def check_values(model: AwqModel, advance=lambda n: None) -> None:
+    """Scales must be finite and non-zero: a NaN or 0 scale silently poisons every output."""
+    checkpoint = model.checkpoint
+    names = [layer.scales for layer in model.layers.values()] + [a.name for a in model.act_scales.values()]
+    for name in names:
+        values = checkpoint.read_one(name)
+        bad = ~torch.isfinite(values) | (values == 0)
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise InputRefused(f"{name} has a non-finite or zero value {values[where].item()} at {list(where)}")
+        advance(checkpoint.tensors[name].nbytes)

@@ -1,0 +1,56 @@
+"""MODEL -> a validated AwqModel: resolve (local or Hub), open, check the scheme, find the layers,
+check the values. Every command that reads an AWQ checkpoint starts here, and nothing is written
+before all of it has passed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from w4cli import hub
+from w4cli.checkpoint import Checkpoint, open_checkpoint, read_json
+from w4cli.layers import AwqModel, check_values, find_layers
+from w4cli.quant_config import awq_scheme, read_quantization_config
+
+# files a conversion never copies: weights and index are rewritten, config is rewritten, and the
+# legacy quantization configs describe weights that are no longer there
+NOT_COPIED = {"config.json", "model.safetensors.index.json", "quant_config.json", "quantize_config.json"}
+
+
+def _check_config_file(path: Path) -> None:
+    config = read_json(path)
+    qc, source = read_quantization_config(path.parent, config)
+    awq_scheme(qc, source)
+
+
+def resolve(model: str, revision: str | None, token: str | None, cache_dir: Path | None) -> hub.Snapshot:
+    # the legacy quant_config.json sits beside config.json, so the early check only runs when
+    # config.json itself declares the quantization
+    def early_check(path: Path) -> None:
+        if "quantization_config" in read_json(path):
+            _check_config_file(path)
+
+    return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, check_config=early_check)
+
+
+def open_awq(root: Path) -> AwqModel:
+    checkpoint = open_checkpoint(root)
+    qc, source = read_quantization_config(root, checkpoint.config)
+    model = find_layers(checkpoint, awq_scheme(qc, source))
+    check_values(model)
+    return model
+
+
+def aux_files(checkpoint: Checkpoint) -> list[str]:
+    """Tokenizer, generation config, chat templates...: copied unchanged. Only names a Hub
+    download would fetch, so a local directory and its Hub copy give the same output."""
+    from fnmatch import fnmatch
+
+    names = []
+    for path in sorted(checkpoint.root.iterdir()):
+        name = path.name
+        if not path.is_file() or name.startswith(".") or name in NOT_COPIED or name.endswith(".safetensors"):
+            continue
+        if any(fnmatch(name, pattern) for pattern in hub.CHECKPOINT_PATTERNS):
+            names.append(name)
+    return names

@@ -1,0 +1,232 @@
+"""GPU timing harness for w4 (`w4 bench`, `w4 gemv`, kernels/bench_dequant.py).
+
+Method (see /work/shared/notes/anchors.md):
+  * validate, then time: `measure` runs the kernel once per input set and calls the caller's
+    `check(out, args)`; if it fails (returns False or raises) no time is reported -- CheckFailed is
+    raised instead. The graph's own outputs of the first set are checked again after timing.
+  * cold L2: the kernel is captured into ONE CUDA graph that calls it once per input set, over
+    enough sets that their inputs total >= 4x the L2 cache (L2 size read from the device), so no
+    call finds its inputs in L2 from the previous call; graph replay removes launch gaps.
+  * warm-up replays, then `replays` timed replays (CUDA events around each); per-call time =
+    replay time / number of sets. Reported: median, p10, p90, min and spread = (p90-p10)/median.
+  * bytes are counted by the caller, per kernel call, and passed in (`bytes_moved`); GB/s =
+    bytes / median. `copy_bandwidth()` measures a large device-to-device copy through the same
+    harness (read + write bytes counted) so `pct_of_copy` compares against a ceiling from the same
+    process and run.
+Random inputs (never zeros) are the caller's job: pass a list of argument tuples, or a factory
+`make(i) -> tuple` and let the harness decide how many sets cover 4x L2.
+
+    copy = copy_bandwidth()
+    t = measure(kern, make_inputs, bytes_moved=nbytes, check=lambda out, args: torch.equal(out, ref(*args)),
+                name="dequant 8192x8192", copy=copy)
+    print(t.median_us, t.gbps, t.pct_of_copy)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
+
+import torch
+
+from w4cli.errors import CheckFailed
+
+Args = tuple
+InputSets = Union[Sequence[Args], Callable[[int], Args]]
+CheckFn = Callable[[Any, Args], Union[bool, None]]
+
+MAX_SETS = 64
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One measured kernel. Times are microseconds per call; gbps uses the median."""
+
+    name: str
+    median_us: float
+    p10_us: float
+    p90_us: float
+    min_us: float
+    spread: float  # (p90 - p10) / median
+    bytes_moved: int  # per call, as counted by the caller
+    gbps: float  # bytes_moved / median, 1 GB = 1e9 bytes
+    pct_of_copy: float | None  # 100 * gbps / copy gbps, when a copy ceiling was given
+    replays: int
+    input_sets: int
+    working_set_bytes: int  # input bytes over all sets
+    l2_bytes: int
+    device: str
+
+    def row(self) -> str:
+        pct = f"{self.pct_of_copy:6.1f}%" if self.pct_of_copy is not None else "     -"
+        return (
+            f"{self.name:<40s} {self.median_us:10.2f} us  p10 {self.p10_us:9.2f}  p90 {self.p90_us:9.2f}"
+            f"  {self.gbps:8.1f} GB/s  {pct}"
+        )
+
+
+def l2_cache_bytes(device: torch.device | int | None = None) -> int:
+    return int(torch.cuda.get_device_properties(_device(device)).L2_cache_size)
+
+
+def _device(device: torch.device | int | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", device) if isinstance(device, int) else device
+
+
+def _nbytes(args: Args) -> int:
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    # linear interpolation between closest ranks (numpy's default)
+    pos = q * (len(sorted_vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def _run_check(check: CheckFn, out: Any, args: Args, name: str, what: str) -> None:
+    try:
+        ok = check(out, args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the check is a failed check
+        raise CheckFailed(f"{name}: {what} failed its check ({type(exc).__name__}: {exc}); no time reported") from exc
+    if ok is False:
+        raise CheckFailed(f"{name}: {what} failed its check; no time reported")
+
+
+def make_input_sets(inputs: InputSets, l2_bytes: int, l2_multiple: float = 4.0, min_sets: int = 2) -> list[Args]:
+    """Materialise input sets whose inputs total >= l2_multiple * L2.
+
+    A factory is called until that holds (at least `min_sets` times, at most MAX_SETS). A list is
+    used as given and must already be large enough (ValueError otherwise: pass a factory).
+    """
+    need = l2_multiple * l2_bytes
+    if callable(inputs):
+        sets = [tuple(inputs(0))]
+        per_set = max(1, _nbytes(sets[0]))
+        n = min(MAX_SETS, max(min_sets, math.ceil(need / per_set)))
+        sets += [tuple(inputs(i)) for i in range(1, n)]
+        if n * per_set < need:
+            raise ValueError(f"{n} input sets of {per_set} bytes cannot cover {l2_multiple}x L2 ({l2_bytes} bytes)")
+        return sets
+    sets = [tuple(a) for a in inputs]
+    total = sum(_nbytes(a) for a in sets)
+    if not sets or total < need:
+        raise ValueError(
+            f"input sets total {total} bytes, less than {l2_multiple}x L2 ({int(need)} bytes): "
+            "pass a factory make(i) -> args so the harness can rotate over more sets"
+        )
+    return sets
+
+
+def measure(
+    fn: Callable[..., Any],
+    inputs: InputSets,
+    bytes_moved: int,
+    check: CheckFn,
+    *,
+    name: str = "kernel",
+    copy: "Timing | float | None" = None,
+    warmup: int = 3,
+    replays: int = 30,
+    l2_multiple: float = 4.0,
+    min_sets: int = 2,
+    check_all_sets: bool = False,
+) -> Timing:
+    """Check `fn` on the inputs, then time it; raise CheckFailed instead of timing a wrong kernel.
+
+    fn(*args) -> output, for each args in the input sets (all tensors on one CUDA device).
+    check(out, args) -> True/None to pass, False (or raise) to fail; run on set 0 (every set with
+    check_all_sets) before timing and on the graph's set-0 output after timing.
+    bytes_moved: bytes one call must move through device memory, counted by the caller.
+    copy: a `copy_bandwidth()` Timing (or its GB/s) measured in the same run, for pct_of_copy.
+    """
+    first = inputs(0) if callable(inputs) else inputs[0]
+    dev = next((a.device for a in first if isinstance(a, torch.Tensor)), None)
+    if dev is None or dev.type != "cuda":
+        raise ValueError("measure() needs CUDA tensors among the arguments")
+    l2 = l2_cache_bytes(dev)
+    sets = make_input_sets(inputs, l2, l2_multiple, min_sets)
+
+    with torch.cuda.device(dev):
+        # 1. validate eagerly, on the same inputs that will be timed
+        for i, args in enumerate(sets if check_all_sets else sets[:1]):
+            out = fn(*args)
+            torch.cuda.synchronize()
+            _run_check(check, out, args, name, f"output on input set {i}")
+            del out
+
+        # 2. warm up eagerly on a side stream (lazy inits must not be captured), then capture
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for args in sets:
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [fn(*args) for args in sets]  # kept alive: every call writes its own buffer
+
+        # 3. replay
+        for _ in range(warmup):
+            graph.replay()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+        for start, end in events:
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize()
+        per_call = sorted(s.elapsed_time(e) * 1000.0 / len(sets) for s, e in events)
+
+        # 4. the timed graph's own output must pass too
+        _run_check(check, outs[0], sets[0], name, "graph output on input set 0")
+        del outs, graph
+
+    median = _quantile(per_call, 0.5)
+    p10, p90 = _quantile(per_call, 0.1), _quantile(per_call, 0.9)
+    gbps = bytes_moved / (median * 1e-6) / 1e9
+    copy_gbps = copy.gbps if isinstance(copy, Timing) else copy
+    return Timing(
+        name=name,
+        median_us=median,
+        p10_us=p10,
+        p90_us=p90,
+        min_us=per_call[0],
+        spread=(p90 - p10) / median,
+        bytes_moved=int(bytes_moved),
+        gbps=gbps,
+        pct_of_copy=(100.0 * gbps / copy_gbps) if copy_gbps else None,
+        replays=replays,
+        input_sets=len(sets),
+        working_set_bytes=sum(_nbytes(a) for a in sets),
+        l2_bytes=l2,
+        device=torch.cuda.get_device_name(dev),
+    )
+
+
+def copy_bandwidth(nbytes: int | None = None, device: torch.device | int | None = None, replays: int = 30) -> Timing:
+    """Device-to-device copy of `nbytes` (default: max(512 MiB, 8x L2)); bytes_moved = 2 * nbytes (read + write)."""
+    dev = _device(device)
+    l2 = l2_cache_bytes(dev)
+    n = int(nbytes or max(512 << 20, 8 * l2))
+    n -= n % 16
+    src = torch.randint(1, 255, (n,), dtype=torch.uint8, device=dev)  # random, never zeros
+    dst = torch.empty_like(src)
+
+    def copy_fn(s: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return d.copy_(s)
+
+    return measure(
+        copy_fn,
+        [(src, dst)],
+        bytes_moved=2 * n,
+        check=lambda out, args: torch.equal(out, args[0]),
+        name=f"d2d copy {n >> 20} MiB",
+        replays=replays,
+        l2_multiple=2.0,  # one set of src+dst, each well over L2
+        min_sets=1,
+    )
