@@ -3,7 +3,7 @@ Llama-7B-shaped AWQ checkpoint (32 layers, hidden 4096, intermediate 11008, voca
 
     make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR]
 
-Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream), then runs the installed
+Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream; needs ~20 GB free), then runs the installed
 `w4 dequantize --max-shard-size 500MB` in a child process and reports its peak RSS (getrusage of
 the child) and MB/s written, beside the time a plain `cp` of the output takes (the disk's pace).
 """
@@ -18,9 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
 HIDDEN, INTER, LAYERS, VOCAB, G = 4096, 11008, 32, 32000, 128
 LINEARS = {
     "self_attn.q_proj": (HIDDEN, HIDDEN),
@@ -33,13 +30,18 @@ LINEARS = {
 }  # name -> (K, N)
 
 
-def awq_linear(k: int, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def awq_linear(k: int, n: int, gen):
+    import torch
+
     full = lambda *shape: torch.randint(-(2**31), 2**31, shape, generator=gen, dtype=torch.int64).to(torch.int32)
     scales = (torch.rand(k // G, n, generator=gen) * 0.01 + 1e-3).half()
     return {"qweight": full(k, n // 8), "qzeros": full(k // G, n // 8), "scales": scales}
 
 
 def build(root: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     if (root / "config.json").exists():
         return
     root.mkdir(parents=True, exist_ok=True)
@@ -91,9 +93,14 @@ def build(root: Path) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--build"]:
+        build(Path(sys.argv[2]))
+        return
     work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/w4-stream")
     src, out, copy = work / "awq-7b", work / "dense", work / "dense-copy"
-    build(src)
+    # built in a child: getrusage(RUSAGE_CHILDREN) would otherwise count this process's own
+    # peak, which a forked child inherits, against w4
+    subprocess.run([sys.executable, __file__, "--build", str(src)], check=True)
     for path in (out, copy):
         shutil.rmtree(path, ignore_errors=True)
     w4 = Path(sys.executable).with_name("w4")
@@ -113,7 +120,7 @@ def main() -> None:
     cp_seconds = time.perf_counter() - start
     shutil.rmtree(copy, ignore_errors=True)
     written = summary["bytes_out"] / 1e6
-    print(f"input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in {len(summary['files']) - 3} shards")
+    print(f"input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in {sum(f.endswith('.safetensors') for f in summary['files'])} shards")
     print(f"w4 dequantize: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
     print(f"cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s")
 

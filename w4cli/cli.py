@@ -7,6 +7,7 @@ import typer
 
 from w4cli import __version__
 from w4cli.commands.dequantize import dequantize
+from w4cli.commands.repack import repack
 
 app = typer.Typer(
     name="w4",
@@ -34,6 +35,7 @@ def _root(
 
 
 app.command("dequantize")(dequantize)
+app.command("repack")(repack)
 
 
 def _not_yet(name: str, issue: str):
@@ -48,7 +50,6 @@ def _not_yet(name: str, issue: str):
 
 
 for _name, _issue in (
-    ("repack", "arrives with the GEMV kernel"),
     ("gemv", "arrives with the GEMV kernel"),
     ("bench", "arrives after the GEMV kernel"),
     ("verify", "arrives after the kernels"),

@@ -86,6 +86,25 @@ def boundary(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
+    """A command's result: one JSON document, or a two-column table for people. Keys ending in
+    `bytes...` print in MB."""
+    if as_json:
+        emit_json(fields)
+        return
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in fields.items():
+        if isinstance(value, list):
+            continue
+        text = f"{value / 1e6:,.1f} MB" if key.startswith("bytes") else str(value)
+        table.add_row(key.replace("_", " "), text)
+    stdout.print(table)
+
+
 @contextmanager
 def byte_progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
     """A Rich progress bar in bytes on stderr; yields `advance(nbytes)`."""

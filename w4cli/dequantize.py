@@ -13,7 +13,9 @@ import torch
 from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
 from w4cli.checkpoint import FLOAT_CODES
 from w4cli.formats import awq_gemm
-from w4cli.layers import AwqModel, QuantLinear
+from w4cli.formats import w4_gemv
+from w4cli.layers import QuantLinear, QuantModel
+from w4cli.quant_config import W4_GEMV
 from w4cli.writer import OutputTensor
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -37,16 +39,25 @@ def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch
     return (weight.to(torch.float64) / act_scales.to(torch.float64).view(1, -1)).to(dtype)
 
 
-def _layer_tensor(model: AwqModel, layer: QuantLinear, dtype: torch.dtype, dequantizer: Dequantizer) -> OutputTensor:
+def awq_tensors(layer: QuantLinear, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One linear's (qweight, qzeros, scales) in the AWQ gemm layout, whatever layout it is stored
+    in: the kernels and the reference take that one layout, and w4-gemv converts back losslessly."""
+    if layer.layout == W4_GEMV:
+        awq = w4_gemv.to_awq(*(t[name] for name in layer.tensor_names))
+        return awq["qweight"], awq["qzeros"], awq["scales"]
+    return t[layer.qweight], t[layer.qzeros], t[layer.scales]
+
+
+def _layer_tensor(model: QuantModel, layer: QuantLinear, dtype: torch.dtype, dequantizer: Dequantizer) -> OutputTensor:
     checkpoint = model.checkpoint
     act = model.act_scales.get(layer.weight)
-    inputs = [layer.qweight, layer.qzeros, layer.scales] + ([act.name] if act else [])
+    inputs = layer.tensor_names + ([act.name] if act else [])
 
     def produce() -> torch.Tensor:
         t = checkpoint.read(*inputs)
         if act is None:
-            return dequantizer(t[layer.qweight], t[layer.qzeros], t[layer.scales], dtype)
-        exact = dequantizer(t[layer.qweight], t[layer.qzeros], t[layer.scales], torch.float32)
+            return dequantizer(*awq_tensors(layer, t), dtype)
+        exact = dequantizer(*awq_tensors(layer, t), torch.float32)
         return fold_act_scales(exact, t[act.name], dtype)
 
     return OutputTensor(
@@ -58,7 +69,7 @@ def _layer_tensor(model: AwqModel, layer: QuantLinear, dtype: torch.dtype, dequa
     )
 
 
-def _plain_tensor(model: AwqModel, name: str, dtype: torch.dtype) -> OutputTensor:
+def _plain_tensor(model: QuantModel, name: str, dtype: torch.dtype) -> OutputTensor:
     checkpoint = model.checkpoint
     info = checkpoint.tensors[name]
     act = model.act_scales.get(name)
@@ -75,7 +86,7 @@ def _plain_tensor(model: AwqModel, name: str, dtype: torch.dtype) -> OutputTenso
     return OutputTensor(name, info.shape, out_dtype, produce, sum(checkpoint.tensors[n].nbytes for n in inputs))
 
 
-def plan_tensors(model: AwqModel, dtype: torch.dtype, dequantizer: Dequantizer) -> list[OutputTensor]:
+def plan_tensors(model: QuantModel, dtype: torch.dtype, dequantizer: Dequantizer) -> list[OutputTensor]:
     tensors: list[OutputTensor] = []
     for kind, name in model.order:
         if kind == "layer":

@@ -1,5 +1,6 @@
-"""Split an AWQ checkpoint's tensors into quantized linears, activation scales and plain tensors,
-checking every shape against the others and against the quantization config.
+"""Split a quantized checkpoint's tensors into quantized linears, activation scales and plain
+tensors, checking every shape against the others and against the quantization config. Both
+layouts w4 reads (AWQ gemm and its own w4-gemv) come through here.
 """
 
 from __future__ import annotations
@@ -8,24 +9,31 @@ from dataclasses import dataclass
 
 import torch
 
-from w4cli.checkpoint import FLOAT_CODES, Checkpoint, TensorInfo
+from w4cli.checkpoint import DTYPES, FLOAT_CODES, Checkpoint, TensorInfo
 from w4cli.errors import InputRefused
 from w4cli.formats.awq_gemm import PACK
-from w4cli.quant_config import AwqScheme
+from w4cli.quant_config import AWQ_GEMM, W4_GEMV, QuantScheme
 
-QUANT_SUFFIXES = ("qweight", "qzeros", "scales")
+QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "meta")
+LAYOUT_SUFFIXES = {AWQ_GEMM: ("qweight", "qzeros", "scales"), W4_GEMV: ("qweight", "qzeros", "scales", "meta")}
 SCALE_CODES = {"F16", "BF16"}
 
 
 @dataclass(frozen=True)
 class QuantLinear:
-    """One AWQ gemm linear: qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N]."""
+    """One quantized linear. AWQ gemm: qweight [K, N/8] int32, qzeros [K/G, N/8] int32,
+    scales [K/G, N]; w4-gemv: see w4cli/formats/w4_gemv.py (adds `meta`)."""
 
     prefix: str
     in_features: int  # K
     out_features: int  # N
     group_size: int  # G (K for one group)
     bias: str | None
+    layout: str = AWQ_GEMM
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return [f"{self.prefix}.{suffix}" for suffix in LAYOUT_SUFFIXES[self.layout]]
 
     @property
     def qweight(self) -> str:
@@ -54,9 +62,9 @@ class ActScale:
 
 
 @dataclass
-class AwqModel:
+class QuantModel:
     checkpoint: Checkpoint
-    scheme: AwqScheme
+    scheme: QuantScheme
     layers: dict[str, QuantLinear]  # by prefix
     act_scales: dict[str, ActScale]  # by target weight name
     plain: list[str]  # tensors copied (cast) as they are
@@ -72,7 +80,35 @@ def _expect(cond: bool, message: str) -> None:
         raise InputRefused(message)
 
 
-def _check_layer(prefix: str, t: dict[str, TensorInfo], scheme: AwqScheme, bias: TensorInfo | None) -> QuantLinear:
+def _check_bias(bias: TensorInfo | None, n: int) -> None:
+    if bias is not None:
+        _expect(bias.dtype in FLOAT_CODES, f"{bias.name} has dtype {bias.dtype}; expected a float bias")
+        _expect(bias.shape == (n,), f"{bias.name} has shape {list(bias.shape)}; expected [{n}]")
+
+
+def _check_w4_layer(checkpoint: Checkpoint, prefix: str, t: dict[str, TensorInfo], scheme: QuantScheme, bias: TensorInfo | None) -> QuantLinear:
+    """w4-gemv: K, N and G live in the layer's `meta` tensor (a few bytes, read here); the format
+    module checks every shape against them on meta-device stand-ins, without reading the data."""
+    from w4cli.formats import w4_gemv
+
+    meta_info = t["meta"]
+    _expect(meta_info.dtype == "I32" and meta_info.shape == (4,), f"{meta_info.name} must be I32 [4]")
+    meta = checkpoint.read_one(meta_info.name)
+    stand_ins = {
+        suffix: torch.empty(t[suffix].shape, dtype=DTYPES[t[suffix].dtype], device="meta")
+        for suffix in ("qweight", "qzeros", "scales")
+    }
+    try:
+        k, n, g = w4_gemv.validate(stand_ins["qweight"], stand_ins["qzeros"], stand_ins["scales"], meta)
+    except InputRefused as exc:
+        raise InputRefused(f"{prefix}: {exc}") from None
+    if scheme.group_size != -1:
+        _expect(g == scheme.group_size, f"{prefix}: group size {g} in meta but {scheme.group_size} in the config")
+    _check_bias(bias, n)
+    return QuantLinear(prefix, k, n, g, bias.name if bias else None, W4_GEMV)
+
+
+def _check_layer(prefix: str, t: dict[str, TensorInfo], scheme: QuantScheme, bias: TensorInfo | None) -> QuantLinear:
     qweight, qzeros, scales = t["qweight"], t["qzeros"], t["scales"]
     _expect(qweight.dtype == "I32", f"{qweight.name} has dtype {qweight.dtype}; AWQ qweight is I32")
     _expect(qzeros.dtype == "I32", f"{qzeros.name} has dtype {qzeros.dtype}; AWQ qzeros is I32")
@@ -100,13 +136,11 @@ def _check_layer(prefix: str, t: dict[str, TensorInfo], scheme: AwqScheme, bias:
             groups * g == k,
             f"{prefix}: scales has {groups} rows but in_features {k} / group_size {g} = {k // g}",
         )
-    if bias is not None:
-        _expect(bias.dtype in FLOAT_CODES, f"{bias.name} has dtype {bias.dtype}; expected a float bias")
-        _expect(bias.shape == (n,), f"{bias.name} has shape {list(bias.shape)}; expected [{n}]")
+    _check_bias(bias, n)
     return QuantLinear(prefix, k, n, g, bias.name if bias else None)
 
 
-def find_layers(checkpoint: Checkpoint, scheme: AwqScheme) -> AwqModel:
+def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
     tensors = checkpoint.tensors
     parts: dict[str, dict[str, TensorInfo]] = {}
     for name, info in tensors.items():
@@ -118,10 +152,16 @@ def find_layers(checkpoint: Checkpoint, scheme: AwqScheme) -> AwqModel:
     act_candidates: list[TensorInfo] = []
     for prefix, found in parts.items():
         if "qweight" in found:
-            for suffix in ("qzeros", "scales"):
+            suffixes = LAYOUT_SUFFIXES[scheme.layout]
+            for suffix in suffixes[1:]:
                 _expect(suffix in found, f"{prefix}.qweight has no {prefix}.{suffix}")
+            extra = sorted(set(found) - set(suffixes))
+            _expect(not extra, f"{prefix}.{extra[0] if extra else ''} does not belong to a {scheme.layout} linear")
             bias = tensors.get(f"{prefix}.bias")
-            layer = _check_layer(prefix, found, scheme, bias)
+            if scheme.layout == W4_GEMV:
+                layer = _check_w4_layer(checkpoint, prefix, found, scheme, bias)
+            else:
+                layer = _check_layer(prefix, found, scheme, bias)
             _expect(layer.weight not in tensors, f"{prefix} has both qweight and weight; which one is the layer?")
             layers[prefix] = layer
         elif set(found) == {"scales"} and len(found["scales"].shape) == 1:
@@ -133,7 +173,7 @@ def find_layers(checkpoint: Checkpoint, scheme: AwqScheme) -> AwqModel:
 
     quant_parts = {layer.bias for layer in layers.values() if layer.bias}
     for layer in layers.values():
-        quant_parts.update((layer.qweight, layer.qzeros, layer.scales))
+        quant_parts.update(layer.tensor_names)
 
     act_scales: dict[str, ActScale] = {}
     for info in act_candidates:
@@ -153,7 +193,7 @@ def find_layers(checkpoint: Checkpoint, scheme: AwqScheme) -> AwqModel:
         elif name not in quant_parts:
             plain.append(name)
             order.append(("plain", name))
-    return AwqModel(checkpoint, scheme, layers, act_scales, plain, order)
+    return QuantModel(checkpoint, scheme, layers, act_scales, plain, order)
 
 
 def _act_scale_target(info: TensorInfo, layers: dict[str, QuantLinear], tensors: dict[str, TensorInfo]) -> str:
@@ -183,7 +223,7 @@ def _act_scale_target(info: TensorInfo, layers: dict[str, QuantLinear], tensors:
     return candidates[0]
 
 
-def check_values(model: AwqModel, advance=lambda n: None) -> None:
+def check_values(model: QuantModel) -> None:
     """Scales must be finite and non-zero: a NaN or 0 scale silently poisons every output."""
     checkpoint = model.checkpoint
     names = [layer.scales for layer in model.layers.values()] + [a.name for a in model.act_scales.values()]
@@ -193,4 +233,3 @@ def check_values(model: AwqModel, advance=lambda n: None) -> None:
         if bool(bad.any()):
             where = tuple(int(i) for i in bad.nonzero()[0])
             raise InputRefused(f"{name} has a non-finite or zero value {values[where].item()} at {list(where)}")
-        advance(checkpoint.tensors[name].nbytes)

@@ -1,6 +1,6 @@
-"""MODEL -> a validated AwqModel: resolve (local or Hub), open, check the scheme, find the layers,
-check the values. Every command that reads an AWQ checkpoint starts here, and nothing is written
-before all of it has passed.
+"""MODEL -> a validated QuantModel: resolve (local or Hub), open, check the scheme, find the
+layers, check the values. Every command that reads a quantized checkpoint starts here, and nothing
+is written before all of it has passed.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from w4cli import hub
 from w4cli.checkpoint import Checkpoint, open_checkpoint, read_json
-from w4cli.layers import AwqModel, check_values, find_layers
-from w4cli.quant_config import awq_scheme, read_quantization_config
+from w4cli.layers import QuantModel, check_values, find_layers
+from w4cli.quant_config import parse_scheme, read_quantization_config
 
 # files a conversion never copies: weights and index are rewritten, config is rewritten, and the
 # legacy quantization configs describe weights that are no longer there
@@ -20,7 +20,7 @@ NOT_COPIED = {"config.json", "model.safetensors.index.json", "quant_config.json"
 def _check_config_file(path: Path) -> None:
     config = read_json(path)
     qc, source = read_quantization_config(path.parent, config)
-    awq_scheme(qc, source)
+    parse_scheme(qc, source)
 
 
 def resolve(model: str, revision: str | None, token: str | None, cache_dir: Path | None) -> hub.Snapshot:
@@ -33,12 +33,25 @@ def resolve(model: str, revision: str | None, token: str | None, cache_dir: Path
     return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, check_config=early_check)
 
 
-def open_awq(root: Path) -> AwqModel:
+def open_quantized(root: Path) -> QuantModel:
     checkpoint = open_checkpoint(root)
     qc, source = read_quantization_config(root, checkpoint.config)
-    model = find_layers(checkpoint, awq_scheme(qc, source))
+    model = find_layers(checkpoint, parse_scheme(qc, source))
     check_values(model)
     return model
+
+
+def open_for_conversion(
+    model: str, output_dir: Path, force: bool, revision: str | None, token: str | None, cache_dir: Path | None
+) -> QuantModel:
+    """The front half of every command that writes a checkpoint: refuse a bad OUTPUT_DIR before
+    any download, resolve MODEL, refuse an OUTPUT_DIR inside the snapshot, open and validate."""
+    from w4cli.writer import check_output_dir
+
+    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [], force)
+    snapshot = resolve(model, revision, token, cache_dir)
+    check_output_dir(output_dir, [snapshot.path], force)
+    return open_quantized(snapshot.path)
 
 
 def aux_files(checkpoint: Checkpoint) -> list[str]:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from rich.table import Table
 
 from w4cli import console
-from w4cli.convert import ConversionReport, write_checkpoint
+from w4cli.convert import write_checkpoint
 from w4cli.dequantize import DTYPES, Dequantizer, cpu_dequantizer, dense_config, plan_tensors
 from w4cli.errors import EnvironmentUnavailable
 from w4cli.options import (
@@ -25,8 +22,8 @@ from w4cli.options import (
     RevisionOpt,
     TokenOpt,
 )
-from w4cli.source import aux_files, open_awq, resolve
-from w4cli.writer import check_output_dir, parse_size
+from w4cli.source import aux_files, open_for_conversion
+from w4cli.writer import parse_size
 
 EXAMPLES = """
 Examples:
@@ -66,37 +63,6 @@ def select_dequantizer(device: Device) -> tuple[str, Dequantizer]:
     return "cpu", cpu_dequantizer
 
 
-def _render(report: ConversionReport, layers: int, copied: int, backend: str, dtype: str, as_json: bool) -> None:
-    summary = {
-        "output": str(report.output),
-        "dtype": dtype,
-        "device": backend,
-        "layers_dequantized": layers,
-        "tensors_copied": copied,
-        "files": report.files,
-        "bytes_in": report.bytes_in,
-        "bytes_out": report.bytes_out,
-        "seconds": round(report.seconds, 3),
-        "mb_per_s": round(report.mb_per_s, 1),
-    }
-    if as_json:
-        console.emit_json(summary)
-        return
-    table = Table(title="w4 dequantize", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("layers dequantized", str(layers))
-    table.add_row("tensors copied", str(copied))
-    table.add_row("device", backend)
-    table.add_row("dtype", dtype)
-    table.add_row("bytes in", f"{report.bytes_in / 1e6:,.1f} MB")
-    table.add_row("bytes out", f"{report.bytes_out / 1e6:,.1f} MB")
-    table.add_row("seconds", f"{report.seconds:.2f}")
-    table.add_row("throughput", f"{report.mb_per_s:,.1f} MB/s written")
-    table.add_row("output", str(report.output))
-    console.stdout.print(table)
-
-
 @console.boundary
 def dequantize(
     model: ModelArg,
@@ -110,15 +76,12 @@ def dequantize(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Turn an AWQ (gemm) checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
+    """Turn an AWQ (gemm) or w4-repacked checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
 
     Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype and bit-identical to AutoAWQ's reference dequantization. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
     shard_bytes = parse_size(max_shard_size)
-    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [], force)
-    snapshot = resolve(model, revision, token, cache_dir)
-    check_output_dir(output_dir, [snapshot.path], force)
-    awq = open_awq(snapshot.path)
+    awq = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
     backend, dequantizer = select_dequantizer(device)
     tensors = plan_tensors(awq, DTYPES[dtype.value], dequantizer)
     report = write_checkpoint(
@@ -130,8 +93,19 @@ def dequantize(
         shard_bytes,
         label=f"dequantize ({backend})",
     )
-    copied = len(tensors) - len(awq.layers)
-    _render(report, len(awq.layers), copied, backend, dtype.value, as_json)
+    summary = {
+        "output": str(report.output),
+        "dtype": dtype.value,
+        "device": backend,
+        "layers_dequantized": len(awq.layers),
+        "tensors_copied": len(tensors) - len(awq.layers),
+        "files": report.files,
+        "bytes_in": report.bytes_in,
+        "bytes_out": report.bytes_out,
+        "seconds": round(report.seconds, 3),
+        "mb_per_s": round(report.mb_per_s, 1),
+    }
+    console.summary("w4 dequantize", summary, as_json)
 
 
 dequantize.__doc__ = (dequantize.__doc__ or "") + EXAMPLES

@@ -33,10 +33,13 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     if packed.dtype != torch.int32:
         raise TypeError(f"packed int4 words must be int32, got {packed.dtype}")
     rows, words = packed.shape
-    # >> on int32 is arithmetic (sign-extending), so mask after the shift: the top nibble of a
-    # negative word is still read correctly.
-    codes = (packed.unsqueeze(-1) >> _shifts(packed.device, torch.int32)) & 0xF
-    return codes.to(torch.uint8).reshape(rows, words * PACK)
+    # Work on the little-endian bytes: byte b holds nibbles 2b (low) and 2b+1 (high), and uint8
+    # shifts are logical, so the sign bit of the int32 word needs no special care.
+    octets = packed.contiguous().view(torch.uint8).view(rows, words, 4)
+    nibbles = torch.stack((octets & 0xF, octets >> 4), dim=-1)  # [R, W, 8] in nibble order
+    # nibble order is channels (0, 2, 4, 6, 1, 3, 5, 7): as a [2, 4] block, evens then odds;
+    # transposing it to [4, 2] gives (0, 1), (2, 3), (4, 5), (6, 7), the natural order
+    return nibbles.view(rows, words, 2, 4).transpose(-1, -2).reshape(rows, words * PACK)
 
 
 # codes [R, C] integers 0..15 in natural order -> packed [R, C/8] int32 (AWQ order along C)
@@ -70,6 +73,9 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return (diff.to(torch.float32) * scales.to(torch.float32).view(groups, 1, n)).view(k, n)
 
 
+ROWS_PER_CHUNK = 256  # output rows per step: keeps the float32 temporaries in cache
+
+
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype
 def dequantize(
     qweight: torch.Tensor,
@@ -78,7 +84,19 @@ def dequantize(
     dtype: torch.dtype = torch.float16,
     transpose: bool = True,
 ) -> torch.Tensor:
-    # cast first, transpose second: the rounding is elementwise, and the transposing copy then
-    # moves half the bytes
-    weight = dequantize_exact(qweight, qzeros, scales).to(dtype)
-    return weight.t().contiguous() if transpose else weight
+    if not transpose:
+        return dequantize_exact(qweight, qzeros, scales).to(dtype)
+    k, n = qweight.shape[0], qweight.shape[1] * PACK
+    groups = scales.shape[0]
+    g = k // groups
+    # transpose the one-byte codes rather than the 2- or 4-byte results, then work row by row of
+    # the output with the per-group zeros and scales broadcast along K
+    codes = unpack(qweight).t().contiguous().view(n, groups, g)
+    zeros = unpack(qzeros).t().to(torch.float32).unsqueeze(-1)  # [N, groups, 1]
+    scale = scales.t().to(torch.float32).unsqueeze(-1)
+    out = torch.empty((n, k), dtype=dtype)
+    for start in range(0, n, ROWS_PER_CHUNK):
+        rows = slice(start, min(n, start + ROWS_PER_CHUNK))
+        exact = codes[rows].to(torch.float32).sub_(zeros[rows]).mul_(scale[rows])
+        out[rows] = exact.view(-1, k)
+    return out

@@ -1,0 +1,54 @@
+"""`w4 repack MODEL OUTPUT_DIR`: an AWQ checkpoint in w4's GEMV layout, offline and lossless."""
+
+from __future__ import annotations
+
+from w4cli import console
+from w4cli.convert import write_checkpoint
+from w4cli.options import CacheDirOpt, ForceOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
+from w4cli.repack import check_repackable, plan_tensors, repacked_config
+from w4cli.source import aux_files, open_for_conversion
+from w4cli.writer import parse_size
+
+
+@console.boundary
+def repack(
+    model: ModelArg,
+    output_dir: OutputDirArg,
+    max_shard_size: MaxShardSizeOpt = "5GB",
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    cache_dir: CacheDirOpt = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rewrite an AWQ (gemm) checkpoint in w4's GEMV layout (w4-gemv v1): int4 codes packed along K with the [0,2,4,6,1,3,5,7] nibble interleave, tiled for 16-byte loads.
+
+    Lossless: dequantizing the output gives bit-for-bit the weights of the input. Other tensors and the tokenizer files are copied unchanged; config.json names the layout, so every w4 command reads the result.
+
+    Example: w4 repack Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-w4
+    """
+    shard_bytes = parse_size(max_shard_size)
+    quantized = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
+    check_repackable(quantized)
+    tensors = plan_tensors(quantized)
+    report = write_checkpoint(
+        quantized.checkpoint,
+        output_dir,
+        tensors,
+        repacked_config(quantized.checkpoint.config, quantized),
+        aux_files(quantized.checkpoint),
+        shard_bytes,
+        label="repack",
+    )
+    summary = {
+        "output": str(report.output),
+        "layout": "w4-gemv",
+        "layers_repacked": len(quantized.layers),
+        "tensors_written": report.tensors,
+        "files": report.files,
+        "bytes_in": report.bytes_in,
+        "bytes_out": report.bytes_out,
+        "seconds": round(report.seconds, 3),
+        "mb_per_s": round(report.mb_per_s, 1),
+    }
+    console.summary("w4 repack", summary, as_json)
