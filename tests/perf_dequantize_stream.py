@@ -1,7 +1,7 @@
 """Streaming benchmark (not a test): peak memory and throughput of `w4 dequantize` on a synthetic
 Llama-7B-shaped AWQ checkpoint (32 layers, hidden 4096, intermediate 11008, vocab 32000, G=128).
 
-    make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR]
+    make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR] [--device cuda]
 
 Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream; needs ~20 GB free), then runs the installed
 `w4 dequantize --max-shard-size 500MB` in a child process and reports its peak RSS (getrusage of
@@ -96,17 +96,22 @@ def main() -> None:
     if sys.argv[1:2] == ["--build"]:
         build(Path(sys.argv[2]))
         return
-    work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/w4-stream")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", nargs="?", default="/tmp/w4-stream")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    options = parser.parse_args()
+    device, work = options.device, Path(options.workdir)
     src, out, copy = work / "awq-7b", work / "dense", work / "dense-copy"
     # built in a child: getrusage(RUSAGE_CHILDREN) would otherwise count this process's own
     # peak, which a forked child inherits, against w4
     subprocess.run([sys.executable, __file__, "--build", str(src)], check=True)
     for path in (out, copy):
         shutil.rmtree(path, ignore_errors=True)
-    w4 = Path(sys.executable).with_name("w4")
     start = time.perf_counter()
     proc = subprocess.run(
-        [str(w4), "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", "cpu", "--json"],
+        [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json"],
         capture_output=True, text=True,
     )
     seconds = time.perf_counter() - start
@@ -121,7 +126,8 @@ def main() -> None:
     shutil.rmtree(copy, ignore_errors=True)
     written = summary["bytes_out"] / 1e6
     print(f"input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in {sum(f.endswith('.safetensors') for f in summary['files'])} shards")
-    print(f"w4 dequantize: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
+    print(f"w4 dequantize --device {device}: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
+    print(f"  of which reading {summary['read_seconds']:.1f} s, compute {summary['compute_seconds']:.1f} s, writing {summary['write_seconds']:.1f} s: bound by {summary['bound_by']}")
     print(f"cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s")
 
 

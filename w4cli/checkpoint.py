@@ -10,6 +10,7 @@ so memory stays bounded however large the checkpoint is.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class Checkpoint:
         self.config = config
         self.tensors = tensors
         self.sharded = sharded
+        self.read_seconds = 0.0  # time spent reading tensor data, for the conversion summary
 
     @property
     def weight_files(self) -> list[str]:
@@ -87,6 +89,7 @@ class Checkpoint:
         mapped (mapped pages would count towards resident memory)."""
         from safetensors import safe_open
 
+        start = time.perf_counter()
         by_file: dict[str, list[str]] = {}
         for name in names:
             by_file.setdefault(self.tensors[name].file, []).append(name)
@@ -95,6 +98,7 @@ class Checkpoint:
             with safe_open(self.root / file, framework="pt", device="cpu") as handle:
                 for name in file_names:
                     out[name] = handle.get_tensor(name)
+        self.read_seconds += time.perf_counter() - start
         return {name: out[name] for name in names}
 
     def read_one(self, name: str) -> torch.Tensor:

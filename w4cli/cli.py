@@ -7,6 +7,7 @@ import typer
 
 from w4cli import __version__
 from w4cli.commands.dequantize import dequantize
+from w4cli.commands.gemv import gemv
 from w4cli.commands.repack import repack
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ def _root(
 
 app.command("dequantize")(dequantize)
 app.command("repack")(repack)
+app.command("gemv")(gemv)
 
 
 def _not_yet(name: str, issue: str):
@@ -50,7 +52,6 @@ def _not_yet(name: str, issue: str):
 
 
 for _name, _issue in (
-    ("gemv", "arrives with the GEMV kernel"),
     ("bench", "arrives after the GEMV kernel"),
     ("verify", "arrives after the kernels"),
 ):

@@ -106,6 +106,17 @@ def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
 
 
 @contextmanager
+def count_progress(description: str) -> Iterator[Callable[[], None]]:
+    """A Rich spinner with a counter on stderr, for work whose total is not known up front."""
+    from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
+
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr)
+    with progress:
+        task = progress.add_task(description, total=None)
+        yield lambda: progress.advance(task, 1)
+
+
+@contextmanager
 def byte_progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
     """A Rich progress bar in bytes on stderr; yields `advance(nbytes)`."""
     progress = Progress(

@@ -23,6 +23,15 @@ class ConversionReport:
     bytes_in: int
     bytes_out: int
     seconds: float
+    read_seconds: float  # reading input tensors
+    compute_seconds: float  # turning them into output tensors
+    write_seconds: float  # writing shards
+
+    @property
+    def bound_by(self) -> str:
+        """What the conversion spent most time on: the limit to raise for a faster run."""
+        parts = {"reading": self.read_seconds, "compute": self.compute_seconds, "writing": self.write_seconds}
+        return max(parts, key=parts.get)
 
     @property
     def mb_per_s(self) -> float:
@@ -42,7 +51,7 @@ def write_checkpoint(
     plan = plan_shards(tensors, max_shard_size)
     total = sum(t.nbytes for t in tensors)
     with AtomicDirectory(output) as directory, byte_progress(label, total) as advance:
-        write_shards(directory.temp, plan, advance)
+        producing, writing = write_shards(directory.temp, plan, advance)
         write_json(directory.temp / "config.json", config)
         copy_files(source.root, directory.temp, aux_files)
         files = sorted(p.name for p in directory.temp.iterdir())
@@ -54,4 +63,7 @@ def write_checkpoint(
         bytes_in=sum(t.source_bytes for t in tensors),
         bytes_out=total,
         seconds=time.perf_counter() - start,
+        read_seconds=source.read_seconds,
+        compute_seconds=max(0.0, producing - source.read_seconds),
+        write_seconds=writing,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -145,22 +146,29 @@ def plan_shards(tensors: list[OutputTensor], max_shard_size: int) -> ShardPlan:
     return ShardPlan(files, index)
 
 
-def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None]) -> None:
+def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None]) -> tuple[float, float]:
+    """Produce and write every shard; returns (seconds producing tensors, seconds writing files)."""
     from safetensors.torch import save_file
 
+    producing = writing = 0.0
     for file, members in plan.files.items():
         shard = {}
         for tensor in members:
+            start = time.perf_counter()
             value = tensor.produce()
+            producing += time.perf_counter() - start
             if tuple(value.shape) != tensor.shape or value.dtype != tensor.dtype:
                 raise AssertionError(f"{tensor.name}: produced {value.dtype}{list(value.shape)}, planned {tensor.dtype}{list(tensor.shape)}")
             shard[tensor.name] = value.contiguous()
             advance(tensor.nbytes)
+        start = time.perf_counter()
         # {"format": "pt"}: transformers refuses shards without it
         save_file(shard, directory / file, metadata={"format": "pt"})
-        del shard
+        writing += time.perf_counter() - start
+        del shard, value
     if plan.index is not None:
         write_json(directory / INDEX, plan.index)
+    return producing, writing
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

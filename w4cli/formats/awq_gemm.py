@@ -94,7 +94,7 @@ def dequantize(
     codes = unpack(qweight).t().contiguous().view(n, groups, g)
     zeros = unpack(qzeros).t().to(torch.float32).unsqueeze(-1)  # [N, groups, 1]
     scale = scales.t().to(torch.float32).unsqueeze(-1)
-    out = torch.empty((n, k), dtype=dtype)
+    out = torch.empty((n, k), dtype=dtype, device=qweight.device)
     for start in range(0, n, ROWS_PER_CHUNK):
         rows = slice(start, min(n, start + ROWS_PER_CHUNK))
         exact = codes[rows].to(torch.float32).sub_(zeros[rows]).mul_(scale[rows])

@@ -1,0 +1,136 @@
+"""`w4 gemv`: run w4's W4A16 GEMV kernel on checkpoint layers or a random shape, and check it."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from w4cli import console
+from w4cli.errors import CheckFailed, EnvironmentUnavailable, InputRefused, UsageError
+from w4cli.formats import w4_gemv
+from w4cli.gemv_check import GemvResult, check_layer, random_awq
+from w4cli.options import CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt
+from w4cli.quant_config import W4_GEMV
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'KxN' -> (K, N): in_features x out_features."""
+    try:
+        k, n = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--shape '{text}' is not KxN (in_features x out_features), e.g. 4096x14336") from None
+    if k <= 0 or n <= 0:
+        raise UsageError(f"--shape '{text}': both sizes must be positive")
+    return k, n
+
+
+def _device(device: Device) -> str:
+    if device is Device.cpu:
+        console.note("note: --device cpu runs the fp32 reference alone; no kernel is checked or timed")
+        return "cpu"
+    from w4cli import kernels
+
+    usable, reason = kernels.available()
+    if not usable:
+        raise EnvironmentUnavailable(f"{reason} (pass --device cpu to run the reference alone)")
+    kernels.load()
+    return "cuda"
+
+
+def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
+    """(name, w4-gemv tensors, bias) for each selected linear, repacked in memory if AWQ."""
+    from w4cli.source import open_quantized, resolve
+
+    quantized = open_quantized(resolve(model, revision, token, cache_dir).path)
+    selected = [
+        layer for prefix, layer in quantized.layers.items() if not patterns or any(fnmatch(prefix, p) or prefix == p for p in patterns)
+    ]
+    if not selected:
+        raise UsageError(f"no quantized layer matches --layer {' '.join(patterns)}")
+    checkpoint = quantized.checkpoint
+    for layer in selected:
+        t = checkpoint.read(*layer.tensor_names)
+        if layer.layout == W4_GEMV:
+            tensors = {suffix: t[f"{layer.prefix}.{suffix}"] for suffix in w4_gemv.TENSOR_NAMES}
+        else:
+            try:
+                tensors = w4_gemv.repack_from_awq(t[layer.qweight], t[layer.qzeros], t[layer.scales])
+            except InputRefused as exc:
+                raise InputRefused(f"{layer.prefix}: {exc}") from None
+        bias = checkpoint.read_one(layer.bias).half() if layer.bias else None
+        yield layer.prefix, tensors, bias
+
+
+def _random_layers(shapes: list[tuple[int, int]], group_size: int, seed: int):
+    for i, (k, n) in enumerate(shapes):
+        g = k if group_size == -1 else group_size
+        if n % 8 or k % g:
+            raise UsageError(f"--shape {k}x{n}: N must be a multiple of 8 and K a multiple of the group size {g}")
+        awq = random_awq(k, n, g, seed + i)
+        yield f"random {k}x{n}", w4_gemv.repack_from_awq(awq["qweight"], awq["qzeros"], awq["scales"]), None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _render(results: list[GemvResult], device: str) -> None:
+    table = Table(title=f"w4 gemv ({'kernel on ' + device if device == 'cuda' else 'reference only, no kernel'})", title_justify="left")
+    for column in ("layer", "K x N", "G", "M", "max abs err", "max rel err", "err / bound", "result", "median us", "GB/s", "% of copy"):
+        table.add_column(column, justify="left" if column == "layer" else "right")
+    for r in results:
+        verdict = {True: "[green]pass[/]", False: "[bold red]FAIL[/]", None: "reference"}[r.passed]
+        table.add_row(
+            r.layer, f"{r.k}x{r.n}", str(r.group_size), str(r.batch),
+            _fmt(r.max_abs_err, ".3g"), _fmt(r.max_rel_err, ".3g"), _fmt(r.worst_err_over_bound, ".3f"),
+            verdict, _fmt(r.median_us, ".2f"), _fmt(r.gbps, ",.0f"), _fmt(r.pct_of_copy, ".1f"),
+        )
+    console.stdout.print(table)
+
+
+@console.boundary
+def gemv(
+    model: Annotated[Optional[str], typer.Argument(help="AWQ or w4-repacked checkpoint: Hub repo id or directory.", show_default=False)] = None,
+    layer: Annotated[Optional[list[str]], typer.Option("--layer", help="Layer prefix or glob (repeatable); default: every quantized layer.")] = None,
+    shape: Annotated[Optional[list[str]], typer.Option("--shape", help="KxN of a random layer instead of MODEL (repeatable).")] = None,
+    batch: Annotated[int, typer.Option("--batch", "-m", min=1, help="Activation rows M (1-8 run in one launch).")] = 1,
+    group: Annotated[int, typer.Option("--group", help="Group size for --shape (-1: one group).")] = 128,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for activations and random weights.")] = 0,
+    time_it: Annotated[bool, typer.Option("--time/--no-time", help="Time each layer that passes.")] = True,
+    device: DeviceOpt = Device.auto,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    cache_dir: CacheDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run w4's W4A16 GEMV kernel on real layers of a checkpoint (repacked in memory if AWQ) or on a random KxN shape, and check every output against the fp32 reference.
+
+    Exit 1 when a layer is outside the tolerance (docs/kernels.md), 3 without a usable GPU unless --device cpu.
+
+    Examples: w4 gemv ./qwen-w4 --layer '*.mlp.*' --batch 4 ; w4 gemv --shape 8192x28672
+    """
+    if (model is None) == (not shape):
+        raise UsageError("give either MODEL or --shape KxN")
+    shapes = [parse_shape(s) for s in shape or []]
+    where = _device(device)
+    layers = _random_layers(shapes, group, seed) if shapes else _model_layers(model, layer or [], revision, token, cache_dir)
+    copy = None
+    if where == "cuda" and time_it:
+        from w4cli import timing
+
+        copy = timing.copy_bandwidth()
+    results = []
+    with console.count_progress("gemv") as advance:
+        for i, (name, tensors, bias) in enumerate(layers):
+            results.append(check_layer(name, tensors, bias, batch, seed + i, where, time_it, copy))
+            advance()
+    if as_json:
+        console.emit_json({"device": where, "copy_gbps": copy.gbps if copy else None, "layers": [r.as_dict() for r in results]})
+    else:
+        _render(results, where)
+    failed = [r.layer for r in results if r.passed is False]
+    if failed:
+        raise CheckFailed(f"{len(failed)} of {len(results)} layers outside the tolerance, first: {failed[0]}")
