@@ -27,6 +27,7 @@ demo: $(STAMP)
 	rm -rf demo
 	$(BIN)/python -m w4cli.demo demo
 	HF_HUB_OFFLINE=1 $(BIN)/w4 dequantize w4-demo/tiny-llama-awq demo/dense --cache-dir demo/hub
+	HF_HUB_OFFLINE=1 $(BIN)/w4 verify demo/dense --against w4-demo/tiny-llama-awq --cache-dir demo/hub
 
 test: $(STAMP)
 	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) --no-print-directory kernels-check; \

@@ -6,9 +6,11 @@ from __future__ import annotations
 import typer
 
 from w4cli import __version__
+from w4cli.commands.bench import bench
 from w4cli.commands.dequantize import dequantize
 from w4cli.commands.gemv import gemv
 from w4cli.commands.repack import repack
+from w4cli.commands.verify import verify
 
 app = typer.Typer(
     name="w4",
@@ -38,24 +40,8 @@ def _root(
 app.command("dequantize")(dequantize)
 app.command("repack")(repack)
 app.command("gemv")(gemv)
-
-
-def _not_yet(name: str, issue: str):
-    def command() -> None:
-        from w4cli.console import error_line
-
-        error_line(f"w4 {name} is not available in this version yet ({issue})")
-        raise typer.Exit(1)
-
-    command.__doc__ = f"(not available yet: {issue})"
-    return command
-
-
-for _name, _issue in (
-    ("bench", "arrives after the GEMV kernel"),
-    ("verify", "arrives after the kernels"),
-):
-    app.command(_name)(_not_yet(_name, _issue))
+app.command("bench")(bench)
+app.command("verify")(verify)
 
 
 def main() -> None:

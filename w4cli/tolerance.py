@@ -21,19 +21,26 @@ from __future__ import annotations
 import torch
 
 
-# x [M, K]; weight [N, K] (the fp16-rounded dequantized weight); out [M, N]; ref [M, N] float32+
-# -> bound [M, N] float64
-def gemv_bound(x: torch.Tensor, weight: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+BOUND_TEXT = "|err| <= 2^-10 |ref| + 4 K 2^-24 (|x| @ |W|^T + |bias|) + 2^-24"
+
+
+# x [M, K]; weight [N, K] (the fp16-rounded dequantized weight); ref [M, N] float32 or float64;
+# bias [N] | None -> bound [M, N] float64
+def gemv_bound(x: torch.Tensor, weight: torch.Tensor, ref: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     k = x.shape[-1]
     magnitude = x.abs().to(torch.float64) @ weight.abs().to(torch.float64).t()
+    if bias is not None:
+        magnitude = magnitude + bias.abs().to(torch.float64)
     return 2.0**-10 * ref.abs().to(torch.float64) + 4 * k * 2.0**-24 * magnitude + 2.0**-24
 
 
-def gemv_errors(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+def gemv_errors(
+    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ref: torch.Tensor, bias: torch.Tensor | None = None
+) -> dict[str, float]:
     """max abs error, max relative error (|err| / max(|ref|, tiny)), worst err/bound, and whether
     every output is finite and inside the bound."""
     err = (out.to(torch.float64) - ref.to(torch.float64)).abs()
-    bound = gemv_bound(x, weight, ref)
+    bound = gemv_bound(x, weight, ref, bias)
     finite = bool(torch.isfinite(out).all())
     ratio = float((err / bound).max()) if err.numel() else 0.0
     rel = err / ref.abs().to(torch.float64).clamp_min(2.0**-14)

@@ -147,28 +147,47 @@ def plan_shards(tensors: list[OutputTensor], max_shard_size: int) -> ShardPlan:
 
 
 def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None]) -> tuple[float, float]:
-    """Produce and write every shard; returns (seconds producing tensors, seconds writing files)."""
-    from safetensors.torch import save_file
+    """Produce and write every shard; returns (seconds producing tensors, seconds writing files).
+
+    Shard i is written on a background thread while shard i+1 is produced (safetensors releases
+    the GIL while it writes), so a conversion runs at the pace of the slower of the two instead of
+    their sum. At most two shards are in memory: the one being written and the one being built.
+    """
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     producing = writing = 0.0
-    for file, members in plan.files.items():
-        shard = {}
-        for tensor in members:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="w4-writer") as pool:
+        pending: Future[float] | None = None
+        for file, members in plan.files.items():
+            shard = {}
             start = time.perf_counter()
-            value = tensor.produce()
+            for tensor in members:
+                value = tensor.produce()
+                if tuple(value.shape) != tensor.shape or value.dtype != tensor.dtype:
+                    raise AssertionError(
+                        f"{tensor.name}: produced {value.dtype}{list(value.shape)}, planned {tensor.dtype}{list(tensor.shape)}"
+                    )
+                shard[tensor.name] = value.contiguous()
+                advance(tensor.nbytes)
             producing += time.perf_counter() - start
-            if tuple(value.shape) != tensor.shape or value.dtype != tensor.dtype:
-                raise AssertionError(f"{tensor.name}: produced {value.dtype}{list(value.shape)}, planned {tensor.dtype}{list(tensor.shape)}")
-            shard[tensor.name] = value.contiguous()
-            advance(tensor.nbytes)
-        start = time.perf_counter()
-        # {"format": "pt"}: transformers refuses shards without it
-        save_file(shard, directory / file, metadata={"format": "pt"})
-        writing += time.perf_counter() - start
-        del shard, value
+            if pending is not None:
+                writing += pending.result()  # also re-raises a failed write
+            pending = pool.submit(_save_shard, shard, directory / file)
+            del shard
+        if pending is not None:
+            writing += pending.result()
     if plan.index is not None:
         write_json(directory / INDEX, plan.index)
     return producing, writing
+
+
+def _save_shard(shard: dict[str, torch.Tensor], path: Path) -> float:
+    from safetensors.torch import save_file
+
+    start = time.perf_counter()
+    # {"format": "pt"}: transformers refuses shards without it
+    save_file(shard, path, metadata={"format": "pt"})
+    return time.perf_counter() - start
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

@@ -1,0 +1,35 @@
+"""`w4 bench` on a GPU: one small shape at M = 1 and 4 through the CLI, every row checked and timed.
+
+Run: pytest -m gpu tests/test_bench_gpu.py   (builds the kernels on first use, about a minute)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from w4cli.bench import nbytes
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_short_bench_passes_every_check(w4, tmp_path):
+    out = tmp_path / "bench.json"
+    result = w4("bench", "--shape", "4096x1024", "--batch", "1,4", "--replays", "10", "--json", str(out))
+    assert result.exit_code == 0, result.stderr + result.stdout
+    doc = json.loads(out.read_text())
+    assert doc["ok"] and doc["failures"] == 0
+    assert doc["environment"]["gpu"] == torch.cuda.get_device_name()
+    assert doc["copy"]["gbps"] > 100
+    rows = {(r["m"], r["method"]): r for r in doc["results"]}
+    expected = {(m, method) for m in (1, 4) for method in nbytes.LAYER_METHODS} | {(None, nbytes.W4_DEQUANT)}
+    assert set(rows) == expected
+    for key, r in rows.items():
+        if key[1] == nbytes.TORCH_INT4 and r["status"] == "skipped":
+            continue  # this torch has no usable _weight_int4pack_mm; the note says why
+        assert r["status"] == "pass", r
+        assert r["median_us"] > 0 and r["gbps"] > 0 and 0 < r["pct_of_copy"] < 200, r
+        assert r["bytes_moved"] == nbytes.bytes_moved(r["method"], 4096, 1024, r["m"] or 1, 128)
+    assert "w4 GEMV" in result.stdout and "fp16 cuBLAS" in result.stdout

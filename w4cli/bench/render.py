@@ -1,0 +1,291 @@
+"""`w4 bench` output from recorded numbers: Rich tables, a markdown table for docs, one JSON document.
+
+Pure (no torch, no GPU): everything here reads a results.Report, so it is tested with made-up numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from w4cli.bench import nbytes
+from w4cli.bench.results import FAIL, PASS, SKIPPED, W4_BEST, Report, Result, executions, project, speedup
+from w4cli.bench.shapes import Shape
+
+JSON_VERSION = 1
+_EIGHTHS = "▏▎▍▌▋▊▉"
+
+
+def bar(x: float, width: int = 8, full: float = 4.0) -> str:
+    """A small bar, `width` cells = `full`x (so 1x is a quarter of it)."""
+    eighths = round(max(0.0, min(float(width), x / full * width)) * 8)
+    return "█" * (eighths // 8) + (_EIGHTHS[eighths % 8 - 1] if eighths % 8 else "")
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2**20:.0f} MiB"
+
+
+def header(report: Report) -> str:
+    e = report.environment
+    parts = [
+        str(e.get("gpu", "?")),
+        f"{e.get('sm_count', '?')} SMs",
+        f"L2 {_mib(int(e.get('l2_bytes', 0)))}",
+        f"{int(e.get('memory_bytes', 0)) / 2**30:.0f} GiB",
+        f"torch {e.get('torch', '?')}",
+        f"CUDA {e.get('cuda', '?')}",
+    ]
+    if e.get("driver"):
+        parts.append(f"driver {e['driver']}")
+    parts.append(f"copy {report.copy_gbps:,.0f} GB/s")
+    parts.append(f"group {report.group}")
+    if e.get("date_utc"):
+        parts.append(f"{e['date_utc']} UTC")
+    return ", ".join(parts)
+
+
+def _layers_text(shape: Shape) -> str:
+    if not shape.linears:
+        return ""
+    return f"{shape.names} ({shape.per_model}/model)"
+
+
+def _us(r: Result | None) -> str:
+    if r is None:
+        return ""
+    if r.status == FAIL:
+        return "FAIL"
+    if not r.passed:
+        return "n/a"
+    return f"{r.median_us:,.2f}"
+
+
+# ---- Rich ----
+
+
+def shapes_table(report: Report) -> Table:
+    """K x N, the layers that have it, how many per model and per token."""
+    model = report.model
+    t = Table(title="Linear layers" + (f" of {model.model}" if model and model.model else ""), title_justify="left")
+    for col, justify in (("K x N", "right"), ("layers", "left"), ("weights", "left"), ("per model", "right"),
+                         ("run per token", "right")):
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for s in report.shapes:
+        if model is not None:
+            per_token = sum(executions(lin, 1, [1], model.num_experts, model.experts_per_token)[0] for lin in s.linears)
+            tok = f"{per_token:g}"
+        else:
+            tok = ""
+        t.add_row(s.label, s.names or "(--shape)", "int4" if s.quantized else "fp16", str(s.per_model or ""),
+                  tok if s.linears else "")
+    return t
+
+
+def results_table(report: Report) -> Table:
+    t = Table(title=header(report), title_justify="left", caption=_caption(), caption_justify="left")
+    for col, justify in (("K x N", "left"), ("M", "right"), ("kernel", "left"), ("check", "left"),
+                         ("median µs", "right"), ("spread", "right"), ("GB/s", "right"), ("% copy", "right"),
+                         ("vs fp16", "left")):
+        t.add_column(col, justify=justify, no_wrap=col != "K x N", max_width=24 if col == "K x N" else None,
+                     overflow="fold")  # type: ignore[arg-type]
+    for shape in report.shapes:
+        rows: list[tuple[int | None, Result]] = []
+        dq = report.get(shape.k, shape.n, None, nbytes.W4_DEQUANT)
+        if dq is not None:
+            rows.append((None, dq))
+        for m in report.batches:
+            for method in nbytes.LAYER_METHODS:
+                r = report.get(shape.k, shape.n, m, method)
+                if r is not None:
+                    rows.append((m, r))
+        last_m: object = object()
+        first_col = [shape.label]
+        if shape.linears:
+            first_col.append(f"{shape.names}")
+            first_col.append(f"{shape.per_model}/model")
+        for i, (m, r) in enumerate(rows):
+            fp16 = report.get(shape.k, shape.n, m, nbytes.FP16) if m is not None else None
+            t.add_row(
+                Text(first_col[i], style="bold" if i == 0 else "dim") if i < len(first_col) else "",
+                ("" if m == last_m else ("-" if m is None else str(m))),
+                nbytes.LABELS[r.method],
+                _check_text(r),
+                _us(r) if r.status != FAIL else "",
+                f"{100 * r.spread:.1f}%" if r.passed and r.spread is not None else "",
+                f"{r.gbps:,.0f}" if r.passed else "",
+                f"{r.pct_of_copy:.0f}%" if r.passed and r.pct_of_copy is not None else "",
+                _speedup_text(fp16, r) if r.method != nbytes.FP16 and m is not None else "",
+                end_section=(i == len(rows) - 1),
+            )
+            last_m = m
+    return t
+
+
+def _check_text(r: Result) -> Text:
+    if r.status == PASS:
+        mark = Text("pass", style="green")
+        if r.note:
+            mark.append(" *", style="yellow")
+        return mark
+    if r.status == FAIL:
+        return Text("FAIL", style="bold red")
+    return Text("skip", style="dim")  # the reason is in the notes
+
+
+def _speedup_text(base: Result | None, r: Result) -> Text:
+    x = speedup(base, r)
+    if x is None:
+        return Text("")
+    return Text(f"{x:5.2f}x ", style="green" if x >= 1 else "red").append(bar(x), style="green" if x >= 1 else "red")
+
+
+def _caption() -> str:
+    return ("GB/s counts the bytes of each format (docs/bench.md): fp16 K*N*2, int4 K*N/2 + scales + zeros, plus "
+            "activations and output; % copy is of the copy bandwidth measured in this run. * see notes.")
+
+
+def summary_table(report: Report) -> Table | None:
+    rows = project(report)
+    if not rows:
+        return None
+    t = Table(title="One decode step, all linear layers (sum of per-layer median x calls per step)", title_justify="left")
+    for col in ("M", "fp16 ms", "w4 GEMV ms", "vs fp16", "w4 best ms", "vs fp16", "torch int4 ms", "vs fp16"):
+        t.add_column(col, justify="right" if "vs" not in col else "left", no_wrap=True)
+    for row in rows:
+        t.add_row(
+            str(row["m"]),
+            _ms(row[f"{nbytes.FP16}_us"]),
+            _ms(row[f"{nbytes.W4_GEMV}_us"]),
+            _x(row[f"{nbytes.W4_GEMV}_speedup"]),
+            _ms(row[f"{W4_BEST}_us"]),
+            _x(row[f"{W4_BEST}_speedup"]),
+            _ms(row[f"{nbytes.TORCH_INT4}_us"]),
+            _x(row[f"{nbytes.TORCH_INT4}_speedup"]),
+        )
+    return t
+
+
+def _ms(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1000:,.3f}"
+
+
+def _x(x: float | None) -> Text:
+    if x is None:
+        return Text("n/a")
+    return Text(f"{x:4.2f}x ", style="green" if x >= 1 else "red").append(bar(x), style="green" if x >= 1 else "red")
+
+
+def notes(report: Report) -> list[str]:
+    """Model notes, run notes, and every non-pass or flagged result, one line each."""
+    lines = list(report.model.notes) if report.model else []
+    lines += report.notes
+    if report.model is not None:
+        lines.append("w4 best = per layer, the faster of w4 GEMV and w4 dequant+mm")
+    skipped: dict[tuple[str, str], list[str]] = {}
+    for r in report.results:
+        if not r.note:
+            continue
+        if r.status == SKIPPED:  # once per kernel and reason, listing the shapes
+            where = skipped.setdefault((r.method, r.note), [])
+            if f"{r.k}x{r.n}" not in where:
+                where.append(f"{r.k}x{r.n}")
+            continue
+        where = f"{nbytes.LABELS[r.method]} {r.k}x{r.n}" + (f" M={r.m}" if r.m is not None else "")
+        lines.append(f"{where}: FAIL: {r.note}" if r.status == FAIL else f"{where}: {r.note}")
+    for (method, note), where in skipped.items():
+        lines.append(f"{nbytes.LABELS[method]} skipped ({', '.join(where)}): {note}")
+    return lines
+
+
+# ---- markdown ----
+
+
+def markdown(report: Report) -> str:
+    """Tables ready for docs/performance.md: per shape and M, the dequantize kernel, the decode-step summary."""
+    out = [f"{header(report)}.", ""]
+    if report.environment.get("command"):
+        out += [f"Command: `{report.environment['command']}`", ""]
+    out += [
+        "| K x N | layers | M | fp16 cuBLAS us | w4 GEMV us | w4 GEMV GB/s (% of copy) | w4 GEMV vs fp16 | "
+        "w4 dequant+mm us | torch int4 us | torch int4 vs fp16 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape in report.shapes:
+        for m in report.batches:
+            g = lambda method: report.get(shape.k, shape.n, m, method)  # noqa: E731
+            fp16, w4, dq, i4 = g(nbytes.FP16), g(nbytes.W4_GEMV), g(nbytes.W4_DQ_MM), g(nbytes.TORCH_INT4)
+            bw = f"{w4.gbps:,.0f} ({w4.pct_of_copy:.0f}%)" if w4 is not None and w4.passed and w4.pct_of_copy is not None else ""
+            out.append(
+                f"| {shape.label} | {shape.names or '-'} | {m} | {_us(fp16)} | {_us(w4)} | {bw} | {_mx(speedup(fp16, w4))} | "
+                f"{_us(dq)} | {_us(i4)} | {_mx(speedup(fp16, i4))} |"
+            )
+    dq_rows = [report.get(s.k, s.n, None, nbytes.W4_DEQUANT) for s in report.shapes]
+    if any(r is not None for r in dq_rows):
+        out += ["", "| K x N | w4 dequantize us | GB/s | % of copy |", "|---|---|---|---|"]
+        for s, r in zip(report.shapes, dq_rows):
+            if r is None:
+                continue
+            gb = f"{r.gbps:,.0f}" if r.passed else ""
+            pct = f"{r.pct_of_copy:.0f}%" if r.passed and r.pct_of_copy is not None else ""
+            out.append(f"| {s.label} | {_us(r)} | {gb} | {pct} |")
+    rows = project(report)
+    if rows:
+        name = report.model.model if report.model else ""
+        out += ["", f"One decode step of {name}, all linear layers (ms):", "",
+                "| M | fp16 | w4 GEMV | vs fp16 | w4 best | vs fp16 | torch int4 | vs fp16 |", "|---|---|---|---|---|---|---|---|"]
+        for row in rows:
+            out.append(
+                f"| {row['m']} | {_ms(row[f'{nbytes.FP16}_us'])} | {_ms(row[f'{nbytes.W4_GEMV}_us'])} | "
+                f"{_mx(row[f'{nbytes.W4_GEMV}_speedup'])} | {_ms(row[f'{W4_BEST}_us'])} | {_mx(row[f'{W4_BEST}_speedup'])} | "
+                f"{_ms(row[f'{nbytes.TORCH_INT4}_us'])} | {_mx(row[f'{nbytes.TORCH_INT4}_speedup'])} |"
+            )
+    out += ["", "Bytes counted (GB/s = bytes / median): fp16 K*N*2; w4 K*N/2 + (K/G)*N*2 + (K/G)*N/2; torch int4 "
+            "K*N/2 + (K/G)*N*4; each plus M*K*2 + M*N*2; dequantize K*N/2 + (K/G)*N*5/2 + K*N*2. "
+            "FAIL = output did not match the reference (no time shown); n/a = not run here."]
+    lines = notes(report)
+    if lines:
+        out += [""] + [f"- {line}" for line in lines]
+    return "\n".join(out) + "\n"
+
+
+def _mx(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}x"
+
+
+# ---- JSON ----
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """Every number, the environment and the byte definitions, in one document."""
+    model = report.model
+    return {
+        "w4_bench": JSON_VERSION,
+        "ok": not report.failures,
+        "failures": len(report.failures),
+        "environment": report.environment,
+        "copy": {"gbps": report.copy_gbps, "name": report.copy_name},
+        "group_size": report.group,
+        "batches": report.batches,
+        "bytes_definition": nbytes.DEFINITION,
+        "model": None if model is None else {
+            "model": model.model,
+            "model_type": model.model_type,
+            "num_hidden_layers": model.num_hidden_layers,
+            "num_experts": model.num_experts,
+            "experts_per_token": model.experts_per_token,
+        },
+        "shapes": [
+            {
+                "k": s.k, "n": s.n, "quantized": s.quantized, "per_model": s.per_model,
+                "layers": [{"name": lin.name, "kind": lin.kind, "per_layer": lin.per_layer, "layers": lin.layers,
+                            "per_model": lin.per_model, "active_per_layer": lin.active} for lin in s.linears],
+            }
+            for s in report.shapes
+        ],
+        "results": [r.to_dict() for r in report.results],
+        "summary": project(report),
+        "notes": notes(report),
+    }

@@ -1,0 +1,175 @@
+"""`w4 bench`: fp16 cuBLAS, w4's GEMV, w4's dequantize + matmul and torch's int4 kernel, on this GPU,
+for given shapes or a model's layers; every kernel checked before it is timed (w4cli/bench/).
+
+Regenerate the tables of docs/performance.md (Llama-3-8B and Llama-3-70B layer shapes) on the GPU machine:
+
+    w4 bench --shape 4096x4096 --shape 4096x1024 --shape 4096x14336 --shape 14336x4096 \
+             --shape 8192x8192 --shape 8192x1024 --shape 8192x28672 --shape 28672x8192 \
+             --batch 1,4,16 --markdown
+
+(or `w4 bench meta-llama/Meta-Llama-3-8B --batch 1,4,16 --markdown`, which fetches config.json only,
+adds lm_head as an fp16 layer and the per-token decode-step summary).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from w4cli import console, hub
+from w4cli.bench import render, runner, shapes
+from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
+from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt
+
+DEFAULT_BATCHES = "1,2,4,8,16"
+
+
+@console.boundary
+def bench(
+    model: Annotated[
+        Optional[str],
+        typer.Argument(help="Hub repo id or local directory: measure its linear-layer shapes (reads config.json only).",
+                       show_default=False),
+    ] = None,
+    shape: Annotated[
+        Optional[list[str]],
+        typer.Option("--shape", help="KxN to measure (K = in_features, N = out_features); repeatable.", show_default=False),
+    ] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Comma list of batch sizes M (rows of activations).")] = DEFAULT_BATCHES,
+    group: Annotated[int, typer.Option("--group", help="Quantization group size along K.")] = 128,
+    replays: Annotated[int, typer.Option("--replays", help="Timed CUDA-graph replays per measurement (median reported).")] = 30,
+    json_file: Annotated[
+        Optional[Path],
+        typer.Option("--json", help="Write every number and the environment as JSON to FILE ('-' for stdout).",
+                     show_default=False, metavar="FILE"),
+    ] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown tables (for docs/performance.md) instead of Rich tables.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the shapes that would be measured and exit; needs no GPU.")] = False,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Latency, GB/s and speedup of int4 kernels against fp16 cuBLAS, checked before timed.
+
+    For every shape and batch size M: fp16 cuBLAS (F.linear), w4 GEMV, w4 dequantize + fp16 matmul, torch's int4 kernel (_weight_int4pack_mm, where this torch has it); and the dequantize kernel alone. A kernel whose output does not match its reference shows FAIL and no time, and the command exits 1. Method and byte counts: docs/bench.md.
+
+    Examples:
+
+      w4 bench --shape 8192x28672 --batch 1,4,16
+
+      w4 bench Qwen/Qwen2.5-7B-Instruct-AWQ --batch 1,8 --json qwen7b.json
+
+      w4 bench meta-llama/Meta-Llama-3-8B --dry-run
+    """
+    batches = shapes.parse_batches(batch)
+    shapes.check_group(group)
+    if replays < 5 or replays > 10_000:
+        raise UsageError(f"--replays {replays}: expected 5 to 10000")
+    if json_file is not None and str(json_file) == "-" and markdown:
+        raise UsageError("--json - and --markdown both write stdout: give --json a FILE")
+    extra = []
+    for text in shape or []:
+        k, n = shapes.parse_shape(text)
+        why = shapes.unsupported_reason(k, n, group)
+        if why:
+            raise UsageError(f"--shape {text}: {why}")
+        extra.append(shapes.Shape(k, n))
+    if model is None and not extra:
+        raise UsageError("give MODEL or at least one --shape KxN (e.g. w4 bench --shape 4096x4096)")
+
+    model_shapes = None
+    todo: list[shapes.Shape] = []
+    if model is not None:
+        from w4cli.checkpoint import read_json
+
+        snapshot = hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=hub.CONFIG_PATTERNS)
+        model_shapes = shapes.from_config(read_json(snapshot.path / "config.json"), model)
+        todo = model_shapes.shapes()
+    have = {(s.k, s.n) for s in todo if s.quantized}
+    todo += [s for s in extra if (s.k, s.n) not in have]
+
+    if dry_run:
+        _dry_run(todo, batches, group, model_shapes, json_file, markdown)
+        return
+
+    usable, reason = _kernels_available()
+    if not usable:
+        raise EnvironmentUnavailable(f"w4 bench needs a CUDA GPU and the w4 kernels: {reason}")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=console.stderr, transient=True)
+    with progress:
+        task = progress.add_task("", total=runner.steps_for(todo, batches, group))
+        report = runner.run(todo, batches, group, model=model_shapes, replays=replays,
+                            step=lambda label: progress.update(task, advance=1, description=label))
+    report.environment["command"] = _command_line(model, shape or [], batch, group, replays)
+
+    _emit(report, json_file, markdown)
+    if report.failures:
+        first = report.failures[0]
+        raise CheckFailed(f"{len(report.failures)} kernel check(s) failed; first: {first.note}")
+
+
+def _kernels_available() -> tuple[bool, str]:
+    from w4cli import kernels
+
+    return kernels.available()
+
+
+def _command_line(model: str | None, shape_args: list[str], batch: str, group: int, replays: int) -> str:
+    parts = ["w4", "bench"] + ([model] if model else [])
+    for s in shape_args:
+        parts += ["--shape", s]
+    parts += ["--batch", batch]
+    if group != 128:
+        parts += ["--group", str(group)]
+    if replays != 30:
+        parts += ["--replays", str(replays)]
+    return shlex.join(parts)
+
+
+def _emit(report, json_file: Path | None, markdown: bool) -> None:
+    if json_file is not None:
+        doc = render.to_json(report)
+        if str(json_file) == "-":
+            console.emit_json(doc)
+        else:
+            json_file.parent.mkdir(parents=True, exist_ok=True)
+            json_file.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+            console.note(f"wrote {json_file}")
+    if markdown:
+        sys.stdout.write(render.markdown(report))
+        sys.stdout.flush()
+    elif json_file is None or str(json_file) != "-":
+        if report.model is not None:
+            console.stdout.print(render.shapes_table(report))
+        console.stdout.print(render.results_table(report))
+        table = render.summary_table(report)
+        if table is not None:
+            console.stdout.print(table)
+        for line in render.notes(report):
+            console.stdout.print(f"note: {line}", markup=False, highlight=False, style="dim")
+
+
+def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
+    from w4cli.bench.results import Report
+
+    report = Report({}, 0.0, "", group, batches, todo, [], model_shapes)
+    if json_file is not None:
+        doc = {"shapes": render.to_json(report)["shapes"], "batches": batches, "group_size": group,
+               "notes": render.notes(report)}
+        if str(json_file) == "-":
+            console.emit_json(doc)
+        else:
+            json_file.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        return
+    console.stdout.print(render.shapes_table(report))
+    for line in render.notes(report):
+        console.stdout.print(f"note: {line}", markup=False, highlight=False, style="dim")

@@ -1,0 +1,112 @@
+"""`w4 verify [TARGET] [--against SOURCE]`: the release gate (docs/verify.md).
+
+    w4 verify                              kernel self-test (CPU reference checks; GPU checks on a GPU)
+    w4 verify MODEL                        one quantized checkpoint: integrity, and its layers on the GPU
+    w4 verify OUTPUT --against SOURCE      a dequantize/repack output vs a fresh conversion of SOURCE
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from w4cli import console
+from w4cli.errors import UsageError
+from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt
+
+EXAMPLES = """
+Examples:
+
+  w4 verify --quick                                   (pre-commit: small shapes)
+
+  w4 verify --require-gpu --junit verify.xml          (CI on a GPU runner)
+
+  w4 verify Qwen/Qwen2.5-7B-Instruct-AWQ --json report.json
+
+  w4 verify ./qwen-fp16 --against Qwen/Qwen2.5-7B-Instruct-AWQ
+"""
+
+TargetArg = Annotated[
+    Optional[str],
+    typer.Argument(help="Checkpoint to check: a quantized MODEL (Hub id or directory), or with --against the OUTPUT directory. Omit for the kernel self-test.", show_default=False),
+]
+AgainstOpt = Annotated[
+    Optional[str],
+    typer.Option("--against", help="SOURCE the OUTPUT was converted from (Hub id or directory); --revision/--token/--cache-dir apply to it.", show_default=False),
+]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="Self-test only: a small subset of shapes (pre-commit).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random input; the same seed gives the same report.")]
+RequireGpuOpt = Annotated[bool, typer.Option("--require-gpu", help="Exit 3 instead of skipping when the GPU checks cannot run (no GPU, kernel build failed).")]
+JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one testcase per check) to FILE.", show_default=False, metavar="FILE")]
+JsonFileOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write every check and the environment as JSON to FILE ('-': stdout, instead of the table).", show_default=False, metavar="FILE")]
+
+
+@console.boundary
+def verify(
+    target: TargetArg = None,
+    against: AgainstOpt = None,
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    require_gpu: RequireGpuOpt = False,
+    junit: JunitOpt = None,
+    json_file: JsonFileOpt = None,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Say yes or no, and why: kernel self-test, checkpoint integrity, or an output against its source.
+
+    Exit 0 all checks passed (skipped GPU checks allowed unless --require-gpu), 1 a check failed, 2 usage, 3 the GPU checks could not run and --require-gpu was given, 4 MODEL or SOURCE refused.
+    """
+    from w4cli.verify import report as rep
+    from w4cli.verify.environment import Gpu, describe, probe_gpu
+
+    if against is not None and target is None:
+        raise UsageError("--against SOURCE needs the OUTPUT directory to compare: w4 verify OUTPUT --against SOURCE")
+    if quick and target is not None:
+        raise UsageError("--quick selects the self-test's shapes; it does not apply to w4 verify MODEL or OUTPUT")
+
+    if against is not None:
+        from w4cli.source import resolve
+        from w4cli.verify import compare
+
+        output = Path(target).expanduser()
+        if not output.is_dir():
+            raise UsageError(f"OUTPUT '{target}' is not a directory (w4 verify OUTPUT --against SOURCE compares a local output)")
+        source = resolve(against, revision, token, cache_dir)
+        report = rep.Report(f"w4 verify {target} --against {against}",
+                            {"mode": "compare", "output": str(output), "source": against, "source_revision": source.revision},
+                            describe(Gpu(None, "not used: the fresh conversion runs on the CPU reference"), None))
+        compare.run(report, output.resolve(), source.path)
+    elif target is not None:
+        from w4cli.source import resolve
+        from w4cli.verify import integrity
+
+        snapshot = resolve(target, revision, token, cache_dir)
+        gpu = probe_gpu()
+        report = rep.Report(f"w4 verify {target} (seed {seed})",
+                            {"mode": "integrity", "model": target, "revision": snapshot.revision}, describe(gpu, seed))
+        integrity.run(report, snapshot.path, gpu, seed, require_gpu)
+    else:
+        from w4cli.verify import selftest
+
+        gpu = probe_gpu()
+        subset = "quick" if quick else "full"
+        report = rep.Report(f"w4 verify self-test ({subset}, seed {seed})", {"mode": "selftest", "subset": subset},
+                            describe(gpu, seed))
+        selftest.run(report, gpu, seed, quick, require_gpu)
+
+    if json_file is not None and str(json_file) == "-":
+        console.emit_json(rep.to_document(report))
+    else:
+        rep.render_table(report, console.stdout)
+        if json_file is not None:
+            rep.write_json(report, json_file)
+    if junit is not None:
+        rep.write_junit(report, junit)
+    rep.raise_for_outcome(report)
+
+
+verify.__doc__ = (verify.__doc__ or "") + EXAMPLES

@@ -1,0 +1,215 @@
+"""`w4 verify OUTPUT --against SOURCE`: a `w4 dequantize` or `w4 repack` output checked against a
+fresh conversion of SOURCE with the CPU reference (deterministic), tensor by tensor, streamed:
+at most one output tensor and the source layer that produces it are in memory at a time.
+
+Rows: output files; config.json (expected = what the command writes for SOURCE); tensor names
+(same set); tensors (bit for bit; for a repacked OUTPUT the int32 words directly, and both sides
+dequantized to float32, where every (q - z) * s is exact); copied files (byte-identical).
+"""
+
+from __future__ import annotations
+
+import filecmp
+from collections.abc import Callable
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from w4cli import hub
+from w4cli.checkpoint import INDEX, Checkpoint, open_checkpoint
+from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config
+from w4cli.dequantize import plan_tensors as dequantize_plan
+from w4cli.layers import QuantModel
+from w4cli.repack import check_repackable, repacked_config
+from w4cli.repack import plan_tensors as repack_plan
+from w4cli.source import aux_files, open_quantized
+from w4cli.verify.bits import first_difference
+from w4cli.verify.progress import steps
+from w4cli.verify.report import Mismatch, Report, run_check
+from w4cli.writer import OutputTensor
+
+GROUP = "compare"
+SAFETENSORS_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
+# files a later w4 may add beside a checkpoint (manifest, completeness marker): not loader input
+W4_BOOKKEEPING = {"w4-manifest.json", "COMPLETE"}
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _config_differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    out = []
+    for key in sorted(set(got) | set(want), key=str):
+        if key not in got:
+            out.append(f"'{key}' missing (expected {_describe(want[key])})")
+        elif key not in want:
+            out.append(f"'{key}' unexpected ({_describe(got[key])})")
+        elif got[key] != want[key]:
+            out.append(f"'{key}' is {_describe(got[key])}, expected {_describe(want[key])}")
+    return out
+
+
+def _weights_dtype(output: Checkpoint, source: QuantModel) -> str | None:
+    """The dtype the dequantized linears were written in (None if none of them is present)."""
+    for layer in source.layers.values():
+        info = output.tensors.get(layer.weight)
+        if info is not None:
+            return SAFETENSORS_DTYPE_NAMES.get(info.dtype, info.dtype)
+    return None
+
+
+def _config(output: Checkpoint, expected: dict[str, Any], tensor_dtype: str | None) -> Callable[[], str]:
+    def body() -> str:
+        diffs = _config_differences(output.config, expected)
+        if diffs:
+            raise Mismatch(f"{len(diffs)} keys differ from what w4 writes for SOURCE; {diffs[0]}")
+        if tensor_dtype is not None:
+            for key in ("dtype", "torch_dtype"):
+                if key in output.config and output.config[key] != tensor_dtype:
+                    raise Mismatch(f"config.json says {key} {output.config[key]!r} but the weights are {tensor_dtype}")
+        return "as w4 writes it for SOURCE (every key)"
+
+    return body
+
+
+def _names(output: Checkpoint, plan: list[OutputTensor]) -> Callable[[], str]:
+    def body() -> str:
+        want = [t.name for t in plan]
+        missing = [n for n in want if n not in output.tensors]
+        extra = [n for n in output.tensors if n not in set(want)]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"{len(missing)} missing (first {missing[0]})")
+            if extra:
+                parts.append(f"{len(extra)} unexpected (first {extra[0]})")
+            raise Mismatch("; ".join(parts))
+        return f"the same {len(want)} tensor names"
+
+    return body
+
+
+def _tensors(output: Checkpoint, plan: list[OutputTensor], label: str, advance: Callable[[str], None]) -> Callable[[], str]:
+    """Each OUTPUT tensor against the same tensor produced afresh from SOURCE, one at a time."""
+
+    def body() -> str:
+        failures, compared, nbytes = [], 0, 0
+        for tensor in plan:
+            if tensor.name in output.tensors:
+                diff = first_difference(output.read_one(tensor.name), tensor.produce(), "output", "fresh")
+                if diff is not None:
+                    failures.append(f"{tensor.name}: {diff}")
+                compared += 1
+                nbytes += tensor.nbytes
+            advance(tensor.name)
+        if failures:
+            raise Mismatch(f"{len(failures)} of {compared} tensors differ; {failures[0]}")
+        if compared == 0:
+            raise Mismatch("no tensor to compare")
+        return f"{compared} tensors ({nbytes / 1e6:,.1f} MB) bit-identical to {label}"
+
+    return body
+
+
+def _both_dequantized(output_root: Path, source: QuantModel, advance: Callable[[str], None]) -> Callable[[], str]:
+    def body() -> str:
+        repacked = open_quantized(output_root)  # refused -> this row fails with the reason
+        ours = {t.name: t for t in dequantize_plan(repacked, torch.float32, cpu_dequantizer)}
+        theirs = dequantize_plan(source, torch.float32, cpu_dequantizer)
+        failures = []
+        for tensor in theirs:
+            mine = ours.get(tensor.name)
+            if mine is None:
+                failures.append(f"{tensor.name}: missing after dequantizing OUTPUT")
+            else:
+                diff = first_difference(mine.produce(), tensor.produce(), "output", "source")
+                if diff is not None:
+                    failures.append(f"{tensor.name}: {diff}")
+            advance(tensor.name)
+        if failures:
+            raise Mismatch(f"{len(failures)} of {len(theirs)} dequantized tensors differ; {failures[0]}")
+        return f"{len(theirs)} tensors bit-identical after exact float32 dequantization of both sides"
+
+    return body
+
+
+def _copied_files(output_root: Path, source: QuantModel, output_names: set[str]) -> Callable[[], str]:
+    def body() -> str:
+        want = aux_files(source.checkpoint)
+        problems = []
+        for name in want:
+            mine = output_root / name
+            if not mine.is_file():
+                problems.append(f"{name} is missing")
+            elif not filecmp.cmp(mine, source.checkpoint.root / name, shallow=False):
+                problems.append(f"{name} differs from SOURCE's")
+        written = {"config.json", INDEX} | output_names
+        for path in sorted(output_root.iterdir()):
+            name = path.name
+            if (path.is_file() and not name.startswith(".") and name not in written and name not in want
+                    and name not in W4_BOOKKEEPING and any(fnmatch(name, p) for p in hub.CHECKPOINT_PATTERNS)):
+                problems.append(f"{name} is not in SOURCE")
+        if problems:
+            raise Mismatch(f"{len(problems)} files; {problems[0]}")
+        return f"{len(want)} files byte-identical" + (f" ({', '.join(want)})" if want and len(want) <= 4 else "")
+
+    return body
+
+
+COMPARED = {
+    "output files": "OUTPUT's safetensors headers and index",
+    "config.json": "OUTPUT config vs what w4 writes for SOURCE; dtype vs the tensors",
+    "tensor names": "OUTPUT tensor names vs a fresh conversion's",
+    "tensors": "every OUTPUT tensor vs a fresh CPU conversion of SOURCE; raw bits",
+    "repacked words": "every OUTPUT tensor (int32 words, scales, meta) vs a fresh repack of SOURCE; raw bits",
+    "dequantized both sides": "OUTPUT and SOURCE dequantized to float32 (exact); raw bits",
+    "copied files": "tokenizer / generation files vs SOURCE's, byte for byte",
+}
+
+
+def _is_repacked(output: Checkpoint) -> bool:
+    qc = output.config.get("quantization_config")
+    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "w4":
+        return True
+    return any(name.endswith(".qweight") for name in output.tensors)
+
+
+def run(report: Report, output_root: Path, source_root: Path) -> None:
+    source = open_quantized(source_root)  # InputRefused here: SOURCE refused (exit 4)
+    found: dict[str, Checkpoint] = {}
+
+    def opened() -> str:
+        found["output"] = open_checkpoint(output_root)
+        c = found["output"]
+        return f"{len(c.tensors)} tensors in {len(c.weight_files)} files"
+
+    if run_check(report, "output files", COMPARED["output files"], opened, GROUP).status != "PASS":
+        return
+    output = found["output"]
+    shards = set(output.weight_files)
+
+    if _is_repacked(output):
+        report.target["output_kind"] = "repacked (w4-gemv)"
+        check_repackable(source)  # SOURCE that `w4 repack` refuses is refused here too (exit 4)
+        plan = repack_plan(source)
+        run_check(report, "config.json", COMPARED["config.json"], _config(output, repacked_config(source.checkpoint.config, source), None), GROUP)
+        run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)
+        with steps("w4 verify: repacked tensors", 2 * len(plan)) as advance:
+            run_check(report, "repacked words", COMPARED["repacked words"], _tensors(output, plan, "a fresh repack", advance), GROUP)
+            run_check(report, "dequantized both sides", COMPARED["dequantized both sides"], _both_dequantized(output_root, source, advance), GROUP)
+    else:
+        tensor_dtype = _weights_dtype(output, source)
+        named = output.config.get("dtype", output.config.get("torch_dtype"))
+        dtype_name = named if named in DTYPES else (tensor_dtype if tensor_dtype in DTYPES else "float16")
+        report.target["output_kind"] = f"dequantized ({dtype_name})"
+        plan = dequantize_plan(source, DTYPES[dtype_name], cpu_dequantizer)
+        expected = dense_config(source.checkpoint.config, dtype_name)
+        run_check(report, "config.json", COMPARED["config.json"], _config(output, expected, tensor_dtype), GROUP)
+        run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)
+        with steps("w4 verify: tensors", len(plan)) as advance:
+            run_check(report, "tensors", COMPARED["tensors"], _tensors(output, plan, f"a fresh {dtype_name} dequantization", advance), GROUP)
+    run_check(report, "copied files", COMPARED["copied files"], _copied_files(output_root, source, shards), GROUP)

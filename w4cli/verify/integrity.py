@@ -1,0 +1,212 @@
+"""`w4 verify MODEL`: one quantized checkpoint (AWQ gemm or w4-gemv), checked alone.
+
+Not a quantized checkpoint w4 reads at all (no quantization_config, GPTQ, 8-bit...) is refused
+(exit 4). Everything else becomes rows: files and index, tensors and shapes, scales, plain
+tensors, nibbles, and on a GPU every layer through the dequantize kernel (bit-exact with the CPU
+reference) and the GEMV kernel (repacked in memory for AWQ input; inside the bits.gemv_error
+bound at M = 1..8). Tensors are read one layer at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from w4cli.checkpoint import CONFIG, FLOAT_CODES, Checkpoint, open_checkpoint, read_json
+from w4cli.dequantize import awq_tensors, cpu_dequantizer
+from w4cli.errors import InputRefused
+from w4cli.formats import w4_gemv
+from w4cli.layers import QuantModel, find_layers
+from w4cli.quant_config import W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
+from w4cli.verify.bits import gemv_error, require_identical
+from w4cli.verify.environment import Gpu
+from w4cli.verify.progress import steps
+from w4cli.verify.report import Mismatch, Report, run_check, skip
+
+GROUP = "integrity"
+M_MAX = 8
+
+
+def open_scheme(root: Path) -> QuantScheme:
+    """The quantization the checkpoint declares; InputRefused (exit 4) if it is not one w4 reads."""
+    config = read_json(root / CONFIG)
+    qc, source = read_quantization_config(root, config)
+    return parse_scheme(qc, source)
+
+
+def _first_bad(values: torch.Tensor, zero_is_bad: bool) -> str | None:
+    bad = ~torch.isfinite(values.float())
+    if zero_is_bad:
+        bad |= values == 0
+    if not bool(bad.any()):
+        return None
+    where = tuple(int(i) for i in bad.nonzero()[0])
+    return f"{int(bad.sum())} bad values, first {values[where].item()!r} at {list(where)}"
+
+
+def _files(root: Path, found: dict) -> Callable[[], str]:
+    def body() -> str:
+        checkpoint = open_checkpoint(root)
+        found["checkpoint"] = checkpoint
+        index = "index consistent" if checkpoint.sharded else "single file"
+        return f"{len(checkpoint.tensors)} tensors in {len(checkpoint.weight_files)} safetensors files ({index})"
+
+    return body
+
+
+def _tensors(checkpoint: Checkpoint, scheme: QuantScheme, found: dict) -> Callable[[], str]:
+    def body() -> str:
+        model = find_layers(checkpoint, scheme)
+        found["model"] = model
+        skipped = [p for p in model.layers if any(p == m or p.startswith(m + ".") or f".{m}." in f".{p}." for m in scheme.modules_to_not_convert)]
+        if skipped:
+            raise Mismatch(f"{skipped[0]} is quantized but the config lists it in modules_to_not_convert")
+        g = "one group" if scheme.group_size == -1 else f"group_size {scheme.group_size}"
+        return (f"{len(model.layers)} {scheme.layout} linears, {len(model.plain)} plain tensors, "
+                f"{len(model.act_scales)} activation scales; every shape agrees with {g}; no stray tensors")
+
+    return body
+
+
+def _scales(model: QuantModel) -> Callable[[], str]:
+    def body() -> str:
+        names = [layer.scales for layer in model.layers.values()] + [a.name for a in model.act_scales.values()]
+        problems = []
+        for name in names:
+            bad = _first_bad(model.checkpoint.read_one(name), zero_is_bad=True)
+            if bad:
+                problems.append(f"{name}: {bad}")
+        if problems:
+            raise Mismatch(f"{len(problems)} of {len(names)} scale tensors hold NaN, inf or 0; {problems[0]}")
+        return f"{len(names)} scale tensors finite and non-zero"
+
+    return body
+
+
+def _plain(model: QuantModel) -> Callable[[], str]:
+    def body() -> str:
+        names = list(model.plain) + [layer.bias for layer in model.layers.values() if layer.bias]
+        floats = [n for n in names if model.checkpoint.tensors[n].dtype in FLOAT_CODES]
+        for name in floats:
+            bad = _first_bad(model.checkpoint.read_one(name), zero_is_bad=False)
+            if bad:
+                raise Mismatch(f"{name}: {bad}")
+        return f"{len(floats)} unquantized float tensors finite"
+
+    return body
+
+
+def _nibbles(model: QuantModel) -> Callable[[], str]:
+    def body() -> str:
+        if model.scheme.layout != W4_GEMV:
+            return "AWQ gemm: every 4-bit pattern is a code 0..15; words are int32 of the right shape"
+        for layer in model.layers.values():
+            qweight = model.checkpoint.read_one(layer.qweight)
+            n, k = layer.out_features, layer.in_features
+            words = qweight.permute(0, 2, 1, 3).reshape(n, -1)  # [N, Kp/8], k order
+            padding = words[:, k // w4_gemv.PACK :]
+            if bool((padding != 0).any()):
+                where = [int(i) for i in (padding != 0).nonzero()[0]]
+                raise Mismatch(f"{layer.qweight}: padding code beyond K={k} is not 0 (row {where[0]}, word {k // 8 + where[1]})")
+        return "w4-gemv padding codes (k >= K) are all 0; meta agrees with every shape"
+
+    return body
+
+
+def _layer_inputs(model: QuantModel, layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return awq_tensors(layer, model.checkpoint.read(*layer.tensor_names))
+
+
+def _gpu_dequantize(model: QuantModel, gpu: Gpu, advance) -> Callable[[], str]:
+    def body() -> str:
+        failures = []
+        for layer in model.layers.values():
+            qw, qz, s = _layer_inputs(model, layer)
+            ref = cpu_dequantizer(qw, qz, s, torch.float16)
+            out = gpu.kernels.dequantize_awq(qw.cuda(), qz.cuda(), s.cuda(), dtype=torch.float16, transpose=True)
+            try:
+                require_identical(out, ref, layer.prefix, "kernel", "reference")
+            except Mismatch as exc:
+                failures.append(str(exc))
+            advance(f"dequantize {layer.prefix}")
+        if failures:
+            raise Mismatch(f"{len(failures)} of {len(model.layers)} layers differ; {failures[0]}")
+        return f"{len(model.layers)} layers bit-identical (fp16)"
+
+    return body
+
+
+def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], str]:
+    def body() -> str:
+        failures, skipped, worst = [], [], 0.0
+        for i, layer in enumerate(model.layers.values()):
+            try:
+                if layer.layout == W4_GEMV:
+                    tensors = model.checkpoint.read(*layer.tensor_names)
+                    w4 = {suffix: tensors[f"{layer.prefix}.{suffix}"] for suffix in w4_gemv.TENSOR_NAMES}
+                else:
+                    w4 = w4_gemv.repack_from_awq(*_layer_inputs(model, layer))
+            except InputRefused as exc:  # bf16 scales, or a shape the GEMV kernel does not take
+                skipped.append(f"{layer.prefix} ({exc})")
+                advance(f"gemv {layer.prefix}")
+                continue
+            glayer = {k: v.cuda() for k, v in w4.items()}
+            w16 = w4_gemv.dequantize(**glayer, dtype=torch.float16)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
+            x = torch.randn(M_MAX, layer.in_features, generator=gen).half().cuda()
+            try:
+                for m in range(1, M_MAX + 1):
+                    xm = x[:m].contiguous()
+                    try:
+                        worst = max(worst, gemv_error(gpu.kernels.gemv(xm, **glayer), xm, w16)[0])
+                    except Mismatch as exc:
+                        raise Mismatch(f"{layer.prefix} M={m}: {exc}") from None
+            except Mismatch as exc:
+                failures.append(str(exc))
+            advance(f"gemv {layer.prefix}")
+        if failures:
+            raise Mismatch(f"{len(failures)} of {len(model.layers)} layers outside the bound; {failures[0]}")
+        checked = len(model.layers) - len(skipped)
+        if checked == 0:
+            raise Mismatch(f"no layer could run through the GEMV kernel: {skipped[0]}")
+        note = f"; {len(skipped)} layers not GEMV-able, first {skipped[0]}" if skipped else ""
+        return f"{checked} layers within bound at M=1..{M_MAX} (worst err/bound {worst:.3f}){note}"
+
+    return body
+
+
+COMPARED = {
+    "files and index": "safetensors headers, index weight_map, shard set",
+    "tensors and shapes": "every linear's tensors present; shapes/dtypes vs each other and quantization_config",
+    "scales": "every scale (and activation scale) finite and non-zero",
+    "plain tensors": "every unquantized float tensor finite",
+    "nibbles": "packed codes legal (w4-gemv: padding beyond K is 0)",
+    "gpu dequantize": "kernels.dequantize_awq vs CPU reference, every layer, fp16; raw bits",
+    "gpu gemv": "kernels.gemv (AWQ repacked in memory) vs float64 reference, every layer, M=1..8, bound",
+}
+
+
+def run(report: Report, root: Path, gpu: Gpu, seed: int, require_gpu: bool) -> None:
+    scheme = open_scheme(root)  # InputRefused here: not a quantized checkpoint w4 reads (exit 4)
+    found: dict = {}
+
+    def check(name: str, body: Callable[[], str]) -> bool:
+        return run_check(report, name, COMPARED[name], body, GROUP).status == "PASS"
+
+    if not check("files and index", _files(root, found)):
+        return
+    if not check("tensors and shapes", _tensors(found["checkpoint"], scheme, found)):
+        return
+    model: QuantModel = found["model"]
+    check("scales", _scales(model))
+    check("plain tensors", _plain(model))
+    check("nibbles", _nibbles(model))
+    if not gpu.usable:
+        for name in ("gpu dequantize", "gpu gemv"):
+            skip(report, name, COMPARED[name], gpu.reason, GROUP, require_gpu)
+        return
+    with steps("w4 verify: layers on the GPU", 2 * len(model.layers)) as advance:
+        run_check(report, "gpu dequantize", COMPARED["gpu dequantize"], _gpu_dequantize(model, gpu, advance), GROUP, True)
+        run_check(report, "gpu gemv", COMPARED["gpu gemv"], _gpu_gemv(model, gpu, seed, advance), GROUP, True)
