@@ -281,6 +281,7 @@ def gemv(
     meta: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     splits: int = 0,
+    variant: int = 0,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for one linear in the w4-gemv layout (w4cli.formats.w4_gemv).
 
@@ -291,6 +292,7 @@ def gemv(
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
         splits: warps per 16-row tile (split-K), 0 = automatic; for tuning only.
+        variant: kernel tuning alternative (0 = default; kernels/gemv_w4a16.cu lists them).
     M <= 8 is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
     weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
     Matches w4_gemv.gemv_reference(x, ...) rounded to fp16, up to fp32 summation order.
@@ -300,9 +302,9 @@ def gemv(
     del meta
     mod = load()
     if x.dim() == 1:
-        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, splits=splits).squeeze(0)
+        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, splits=splits, variant=variant).squeeze(0)
     if x.dim() == 2 and x.shape[0] > GEMV_MAX_M:
-        parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits))
+        parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits), int(variant))
                  for i in range(0, x.shape[0], GEMV_MAX_M)]
         return torch.cat(parts, dim=0)
-    return mod.gemv_w4(x, qweight, qzeros, scales, bias, int(splits))
+    return mod.gemv_w4(x, qweight, qzeros, scales, bias, int(splits), int(variant))

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80 and sm_90 (no GPU needed), print
+# registers / shared memory / spills per kernel (-Xptxas -v), and fail on any local-memory spill.
+# The .cu files are torch-free, so no torch include paths are needed; ops.cpp is not compiled here
+# (the JIT build in w4cli/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+command -v nvcc >/dev/null || { echo "check.sh: nvcc not found on PATH" >&2; exit 3; }
+archs=("$@"); [ ${#archs[@]} -gt 0 ] || archs=(80 90)
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+status=0
+shopt -s nullglob
+for cu in "$here"/*.cu; do
+  for a in "${archs[@]}"; do
+    log="$tmp/$(basename "$cu" .cu).sm_$a.log"
+    # Same flags as the JIT build (w4cli/kernels.py): -O3, no --use_fast_math (bit-exactness).
+    if ! nvcc -std=c++17 -O3 -gencode "arch=compute_$a,code=sm_$a" -Xptxas -v -I"$here" \
+         -c "$cu" -o "$tmp/out.o" >"$log" 2>&1; then
+      echo "FAIL compile $(basename "$cu") sm_$a"; cat "$log"; status=1; continue
+    fi
+    # ptxas prints "Compiling entry function 'X'" / "Function properties for X", then the
+    # stack/spill line and the "Used N registers" line.
+    awk -v f="$(basename "$cu")" -v a="$a" '
+      /Function properties for/ { name=$NF }
+      /bytes spill stores/ { spill=$0 }
+      /Used [0-9]+ registers/ {
+        regs=$0; sub(/.*Used /, "", regs);
+        printf "%-20s sm_%s  %s  %s |%s\n", f, a, name, regs, spill
+      }' "$log" | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; } \
+      | sed -E 's/void w4::\(anonymous namespace\):://; s/\(unsigned int const\*[^)]*\)//; s/\([^)]*\)  / /; s/ bytes stack frame,/B stack,/; s/ bytes spill (stores|loads)/ spill \1/g' 
+    if grep -Eq '[1-9][0-9]* bytes spill (stores|loads)' "$log"; then
+      echo "FAIL spills in $(basename "$cu") sm_$a:"; grep -B2 -E '[1-9][0-9]* bytes spill' "$log"; status=1
+    fi
+    if grep -Eiq 'warning' "$log"; then grep -i warning "$log"; fi
+  done
+done
+[ $status -eq 0 ] && echo "check.sh: all kernels compiled for sm_${archs[*]}, no spills"
+exit $status

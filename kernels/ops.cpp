@@ -1,0 +1,241 @@
+// ops.cpp: the only torch binding of the w4 kernels (built by w4cli/kernels.py with
+// torch.utils.cpp_extension.load). Every argument is checked here, with a readable message, before
+// any launch; the kernels themselves are torch-free (kernels/w4_kernels.h).
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <string>
+
+#include "w4_kernels.h"
+
+namespace {
+
+// Numbers are turned into strings here, never streamed into TORCH_CHECK: on the device machine
+// (torch 2.11 + cu130) streaming an integer into a TORCH_CHECK message from this extension
+// crashed the process (segfault inside the message formatting), while strings were fine.
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string join(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Describes a tensor for error messages: "int32 [4096, 512] on cuda:0".
+std::string describe(const at::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type())) + " " + join(t.sizes()) + " on " +
+         t.device().str();
+}
+
+void check_cuda_contiguous(const at::Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", describe(t));
+  TORCH_CHECK(t.device() == device, name, " must be on ", device.str(), " like qweight, got ",
+              describe(t));
+  TORCH_CHECK(t.dim() == 2, name, " must be 2-D, got ", describe(t));
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (row-major), got strides ",
+              join(t.strides()), " for ", describe(t), "; call .contiguous() first");
+}
+
+w4::DType to_w4(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return w4::DType::kF16;
+    case at::kBFloat16: return w4::DType::kBF16;
+    case at::kFloat: return w4::DType::kF32;
+    default: TORCH_CHECK(false, "unsupported dtype ", c10::toString(t));
+  }
+}
+
+// qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16
+// -> [N, K] (transpose) or [K, N], out_dtype in {float16, bfloat16, float32}.
+at::Tensor dequantize_awq_impl(const at::Tensor& qweight, const at::Tensor& qzeros,
+                               const at::Tensor& scales, at::ScalarType out_dtype, bool transpose,
+                               int64_t variant) {
+  TORCH_CHECK(qweight.is_cuda(), "dequantize_awq: qweight must be a CUDA tensor, got ",
+              describe(qweight));
+  const at::Device device = qweight.device();
+  check_cuda_contiguous(qweight, "dequantize_awq: qweight", device);
+  check_cuda_contiguous(qzeros, "dequantize_awq: qzeros", device);
+  check_cuda_contiguous(scales, "dequantize_awq: scales", device);
+  TORCH_CHECK(qweight.scalar_type() == at::kInt, "dequantize_awq: qweight must be int32, got ",
+              describe(qweight));
+  TORCH_CHECK(qzeros.scalar_type() == at::kInt, "dequantize_awq: qzeros must be int32, got ",
+              describe(qzeros));
+  TORCH_CHECK(scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kBFloat16,
+              "dequantize_awq: scales must be float16 or bfloat16, got ", describe(scales));
+  TORCH_CHECK(out_dtype == at::kHalf || out_dtype == at::kBFloat16 || out_dtype == at::kFloat,
+              "dequantize_awq: out_dtype must be float16, bfloat16 or float32, got ",
+              c10::toString(out_dtype));
+
+  const int64_t K = qweight.size(0);
+  const int64_t words = qweight.size(1);
+  const int64_t N = words * 8;
+  const int64_t groups = scales.size(0);
+  TORCH_CHECK(K > 0 && words > 0, "dequantize_awq: empty qweight ", describe(qweight));
+  TORCH_CHECK(scales.size(1) == N, "dequantize_awq: scales must be [K/G, N] = [*, ", num(N),
+              "] for qweight ", describe(qweight), " (N = 8 * qweight.size(1)), got ",
+              describe(scales));
+  TORCH_CHECK(qzeros.size(1) == words, "dequantize_awq: qzeros must be [K/G, N/8] = [*, ", num(words),
+              "], got ", describe(qzeros));
+  TORCH_CHECK(qzeros.size(0) == groups, "dequantize_awq: qzeros ", describe(qzeros),
+              " and scales ", describe(scales), " must have the same number of groups (rows)");
+  TORCH_CHECK(groups > 0 && K % groups == 0, "dequantize_awq: K = ", num(K),
+              " is not a multiple of the group size: ", num(groups),
+              " scale rows do not divide K evenly (K % G != 0)");
+  TORCH_CHECK(K <= INT32_MAX && N <= INT32_MAX, "dequantize_awq: K and N must be below 2^31");
+  // N % 8 == 0 holds by construction (N = 8 * words); scales are read 16 bytes at a time.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(scales.data_ptr()) % 16 == 0,
+              "dequantize_awq: scales must be 16-byte aligned (its data pointer is not; a view "
+              "with a storage offset?); call .clone() first");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(qweight.data_ptr()) % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(qzeros.data_ptr()) % 4 == 0,
+              "dequantize_awq: qweight and qzeros must be 4-byte aligned");
+  const int64_t G = K / groups;
+
+  const c10::cuda::CUDAGuard guard(device);
+  at::Tensor out = transpose ? at::empty({N, K}, qweight.options().dtype(out_dtype))
+                             : at::empty({K, N}, qweight.options().dtype(out_dtype));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const cudaError_t err = w4::launch_dequant_awq(
+      qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
+      to_w4(scales.scalar_type()), out.data_ptr(), to_w4(out_dtype), K, N, G, transpose,
+      static_cast<int>(variant), stream);
+  TORCH_CHECK(err == cudaSuccess, "dequantize_awq: kernel launch failed: ",
+              cudaGetErrorString(err), " (K=", num(K), ", N=", num(N), ", G=", num(G), ", variant=", num(variant), ")");
+  return out;
+}
+
+at::Tensor dequantize_awq(const at::Tensor& qweight, const at::Tensor& qzeros,
+                          const at::Tensor& scales, at::ScalarType out_dtype, bool transpose) {
+  return dequantize_awq_impl(qweight, qzeros, scales, out_dtype, transpose, 0);
+}
+
+}  // namespace
+
+// Defined in the gemv section at the end of this file.
+void register_gemv(py::module_& m);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "w4 CUDA kernels (see kernels/*.cu)";
+  m.def("dequantize_awq", &dequantize_awq, "AWQ gemm int4 -> dense weight, bit-exact",
+        py::arg("qweight"), py::arg("qzeros"), py::arg("scales"), py::arg("out_dtype"),
+        py::arg("transpose"));
+  m.def("_dequantize_awq_variant", &dequantize_awq_impl,
+        "tuning alternatives of dequantize_awq (fp16 -> fp16 only)", py::arg("qweight"),
+        py::arg("qzeros"), py::arg("scales"), py::arg("out_dtype"), py::arg("transpose"),
+        py::arg("variant"));
+  register_gemv(m);
+}
+
+// ---- gemv (w4 GEMV layout) ----
+// The GEMV binding: its checked wrapper(s) above register_gemv, and their m.def(...) inside it.
+namespace {
+
+// Messages are assembled here rather than by TORCH_CHECK's stream formatting: on the device image,
+// streaming an integer into the check's message crashed the process (segfault inside the throw,
+// seen with both bindings), while plain strings worked. std::to_string avoids the stream.
+inline std::string gemv_piece(const std::string& s) { return s; }
+inline std::string gemv_piece(const char* s) { return s; }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+std::string gemv_piece(T v) { return std::to_string(v); }
+template <typename... A>
+std::string gemv_msg(const A&... a) {
+  std::string r;
+  ((r += gemv_piece(a)), ...);
+  return r;
+}
+
+constexpr int64_t kGemvMaxM = 8;
+
+void gemv_check_aligned16(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, gemv_msg("gemv: ", name,
+              " must be 16-byte aligned (its data pointer is not; a view with a storage "
+              "offset?); call .clone() first"));
+}
+
+// x [M, K] fp16; qweight [N/8, ceil(K/128), 8, 16] int32 (w4-gemv); qzeros [K/G, N/8] int32;
+// scales [K/G, N] fp16; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic.
+at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
+                        const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
+                        int64_t splits, int64_t variant) {
+  TORCH_CHECK(qweight.is_cuda(), gemv_msg("gemv: qweight must be a CUDA tensor, got ", describe(qweight)));
+  const at::Device device = qweight.device();
+  TORCH_CHECK(x.is_cuda() && x.device() == device, gemv_msg("gemv: x must be on ", device.str(),
+              " like qweight, got ", describe(x)));
+  TORCH_CHECK(x.dim() == 2, gemv_msg("gemv: x must be 2-D [M, K], got ", describe(x)));
+  TORCH_CHECK(x.scalar_type() == at::kHalf, gemv_msg("gemv: x must be float16, got ", describe(x)));
+  TORCH_CHECK(x.is_contiguous(), gemv_msg("gemv: x must be contiguous (row-major), got a strided ",
+              describe(x), "; call .contiguous() first"));
+  TORCH_CHECK(qweight.scalar_type() == at::kInt && qweight.dim() == 4 && qweight.size(2) == 8 &&
+                  qweight.size(3) == 16, gemv_msg("gemv: qweight must be int32 [N/8, ceil(K/128), 8, 16] (w4-gemv layout), got ",
+              describe(qweight)));
+  TORCH_CHECK(qweight.is_contiguous(), gemv_msg("gemv: qweight must be contiguous, got ", describe(qweight)));
+  check_cuda_contiguous(qzeros, "gemv: qzeros", device);
+  check_cuda_contiguous(scales, "gemv: scales", device);
+  TORCH_CHECK(qzeros.scalar_type() == at::kInt, gemv_msg("gemv: qzeros must be int32, got ",
+              describe(qzeros)));
+  TORCH_CHECK(scales.scalar_type() == at::kHalf, gemv_msg("gemv: scales must be float16, got ",
+              describe(scales)));
+
+  const int64_t M = x.size(0);
+  const int64_t K = x.size(1);
+  const int64_t N = qweight.size(0) * 8;
+  const int64_t groups = scales.size(0);
+  TORCH_CHECK(M <= kGemvMaxM, gemv_msg("gemv: x has M = ", M, " rows; the kernel takes at most ", kGemvMaxM,
+              " (w4cli.kernels.gemv splits larger batches)"));
+  TORCH_CHECK(N > 0 && K > 0, gemv_msg("gemv: empty weight or activations: x ", describe(x), ", qweight ",
+              describe(qweight)));
+  TORCH_CHECK(qweight.size(1) == (K + 127) / 128, gemv_msg("gemv: qweight ", describe(qweight),
+              " holds ceil(K/128) = ", qweight.size(1), " k-blocks but x has K = ", K,
+              " (needs ", (K + 127) / 128, ")"));
+  TORCH_CHECK(K % 8 == 0, gemv_msg("gemv: K = ", K, " must be a multiple of 8 (16-byte activation rows)"));
+  TORCH_CHECK(scales.size(1) == N, gemv_msg("gemv: scales must be [K/G, N] = [*, ", N, "], got ",
+              describe(scales)));
+  TORCH_CHECK(qzeros.size(0) == groups && qzeros.size(1) == N / 8, gemv_msg("gemv: qzeros must be [K/G, N/8] = [", groups, ", ", N / 8, "], got ",
+              describe(qzeros)));
+  TORCH_CHECK(groups > 0 && K % groups == 0, gemv_msg("gemv: K = ", K, " is not a multiple of the ", groups,
+              " scale rows (K % G != 0)"));
+  const int64_t G = K / groups;
+  TORCH_CHECK(G % 32 == 0 || groups == 1, gemv_msg("gemv: group size ", G,
+              " must be a multiple of 32 (or one group per row)"));
+  TORCH_CHECK(K < (int64_t{1} << 21) && N < (int64_t{1} << 31), gemv_msg("gemv: K must be below 2^21 and N "
+              "below 2^31, got K=", K, " N=", N));
+  TORCH_CHECK(splits >= 0 && splits <= 16, gemv_msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
+  TORCH_CHECK(variant >= 0 && variant <= 15, gemv_msg("gemv: variant must be 0 (default) .. 15, got ", variant));
+  TORCH_CHECK(splits <= 8 || (variant != 1 && variant != 5 && variant != 10), gemv_msg("gemv: variants 1, 5 and 10 take at most 8 "
+              "splits, got ", splits));
+  gemv_check_aligned16(x, "x");
+  gemv_check_aligned16(qweight, "qweight");
+  const void* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    const at::Tensor& b = *bias;
+    TORCH_CHECK(b.is_cuda() && b.device() == device, gemv_msg("gemv: bias must be on ", device.str(),
+                ", got ", describe(b)));
+    TORCH_CHECK(b.scalar_type() == at::kHalf && b.dim() == 1 && b.size(0) == N &&
+                    b.is_contiguous(), gemv_msg("gemv: bias must be a contiguous float16 [", N, "], got ", describe(b)));
+    bias_ptr = b.data_ptr();
+  }
+
+  const c10::cuda::CUDAGuard guard(device);
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const cudaError_t err = w4::launch_gemv_w4a16(
+      x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
+      bias_ptr, y.data_ptr(), M, K, N, G, static_cast<int>(splits), static_cast<int>(variant),
+      stream);
+  TORCH_CHECK(err == cudaSuccess, gemv_msg("gemv: kernel launch failed: ", cudaGetErrorString(err),
+              " (M=", M, ", K=", K, ", N=", N, ", G=", G, ", splits=", splits, ", variant=", variant,
+              ")"));
+  return y;
+}
+
+}  // namespace
+
+void register_gemv(py::module_& m) {
+  m.def("gemv_w4", &gemv_w4_impl,
+        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 8, fp16, fp32 sums",
+        py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
+        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("variant") = 0);
+}

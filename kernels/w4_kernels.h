@@ -1,0 +1,38 @@
+// w4_kernels.h: host launchers of the w4 CUDA kernels. Torch-free: plain pointers, a stream, and a
+// cudaError_t back. kernels/ops.cpp is the only caller; it validates every argument first.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace w4 {
+
+// Element types the launchers understand (values are part of no ABI; ops.cpp maps torch dtypes).
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
+
+// ---- dequantize (AWQ gemm layout), kernels/dequant_w4_awq.cu ----
+//
+// qweight [K, N/8] int32, qzeros [K/G, N/8] int32 (both AWQ nibble order along N),
+// scales [K/G, N] fp16 or bf16 (16-byte aligned), out: [N, K] if transpose else [K, N], out_dtype.
+// out[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n], rounded once to out_dtype.
+// Requires K >= 1, N % 8 == 0, N >= 8, G >= 1, K % G == 0, K and N below 2^31.
+// `variant` selects tuning alternatives (0 = the default); see the .cu header.
+// Returns cudaErrorInvalidValue for arguments it cannot handle, else the launch's error.
+cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, const void* scales,
+                               DType scale_dtype, void* out, DType out_dtype, int64_t K, int64_t N,
+                               int64_t G, bool transpose, int variant, cudaStream_t stream);
+
+// ---- gemv (w4 GEMV layout) ----
+//
+// kernels/gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias), fp16 in/out, fp32 accumulation.
+// x [M, K] fp16 (16-byte aligned); qweight [N/8, ceil(K/128), 8, 16] int32 (w4-gemv layout,
+// 16-byte aligned); qzeros [K/G, N/8] int32 and scales [K/G, N] fp16 (AWQ gemm layout);
+// bias [N] fp16 or nullptr; y [M, N] fp16. Requires 1 <= M <= 8, K % 8 == 0, N % 8 == 0,
+// K % G == 0, G % 32 == 0 or G == K, K < 2^21. `splits` = warps per 16-row tile (split-K),
+// 0 = automatic (1..16); `variant` selects tuning alternatives (0 = the default, see the .cu).
+// Returns cudaErrorInvalidValue for arguments it cannot handle.
+cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32_t* qzeros,
+                              const void* scales, const void* bias, void* y, int64_t M, int64_t K,
+                              int64_t N, int64_t G, int splits, int variant, cudaStream_t stream);
+
+}  // namespace w4

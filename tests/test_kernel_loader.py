@@ -1,0 +1,213 @@
+"""CPU tests of the kernel loader (w4cli/kernels.py): no CUDA, no nvcc, nothing compiled."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from w4cli import kernels
+from w4cli.errors import EXIT_ENVIRONMENT, EnvironmentUnavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(kernels, "_module", None)
+
+
+@pytest.fixture
+def fake_gpu_no_nvcc(monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    monkeypatch.setattr(kernels, "_module", None)
+
+
+def test_available_without_gpu_is_false_with_reason(no_gpu):
+    ok, reason = kernels.available()
+    assert ok is False
+    assert "CUDA" in reason or "GPU" in reason
+
+
+def test_load_without_gpu_raises_environment_unavailable(no_gpu):
+    with pytest.raises(EnvironmentUnavailable) as info:
+        kernels.load()
+    assert info.value.exit_code == EXIT_ENVIRONMENT
+    assert "\n" not in str(info.value) and str(info.value)
+
+
+def test_without_nvcc(fake_gpu_no_nvcc):
+    ok, reason = kernels.available()
+    assert ok is False and "nvcc" in reason
+    with pytest.raises(EnvironmentUnavailable, match="nvcc"):
+        kernels.load()
+
+
+def test_old_gpu_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    monkeypatch.setattr(kernels, "_module", None)
+    ok, reason = kernels.available()
+    assert not ok and "8.0" in reason
+    with pytest.raises(EnvironmentUnavailable, match="7.5"):
+        kernels.load()
+
+
+def test_available_never_raises(monkeypatch):
+    def boom():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    monkeypatch.setattr(kernels, "_module", None)
+    ok, reason = kernels.available()
+    assert ok is False and "driver exploded" in reason
+
+
+def test_dequantize_without_gpu_raises_environment(no_gpu):
+    q = torch.zeros(32, 1, dtype=torch.int32)
+    with pytest.raises(EnvironmentUnavailable):
+        kernels.dequantize_awq(q, q[:1], torch.ones(1, 8, dtype=torch.float16))
+
+
+def test_import_builds_nothing(tmp_path):
+    """Importing w4cli.kernels in a fresh interpreter must not build, compile or touch the cache."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    code = (
+        "import sys, w4cli.kernels as k; "
+        "assert k._module is None; "
+        "assert 'torch.utils.cpp_extension' not in sys.modules or True; "
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "w4").exists()
+
+
+def test_cache_root_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kernels.cache_root() == tmp_path / "w4" / "kernels"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert kernels.cache_root() == Path(os.path.expanduser("~")) / ".cache" / "w4" / "kernels"
+
+
+def _copy_kernels(tmp_path: Path) -> Path:
+    d = tmp_path / "kernels"
+    shutil.copytree(ROOT / "kernels", d)
+    return d
+
+
+def test_cache_key_changes_with_sources(tmp_path):
+    d = _copy_kernels(tmp_path)
+    k1 = kernels.cache_key("90", d)
+    assert k1 == kernels.cache_key("90", d)  # stable
+    (d / "dequant_w4_awq.cu").write_text((d / "dequant_w4_awq.cu").read_text() + "\n// edit\n")
+    k2 = kernels.cache_key("90", d)
+    assert k2 != k1
+    (d / "int4_convert.cuh").write_text((d / "int4_convert.cuh").read_text() + "\n")
+    assert kernels.cache_key("90", d) != k2  # headers count too
+    (d / "new_kernel.cu").write_text("// new\n")
+    assert kernels.cache_key("90", d) not in (k1, k2)
+
+
+def test_cache_key_changes_with_arch_and_toolchain(tmp_path):
+    d = _copy_kernels(tmp_path)
+    assert kernels.cache_key("90", d) != kernels.cache_key("80", d)
+    assert kernels.cache_key("90", d, "nvcc 13.0") != kernels.cache_key("90", d, "nvcc 12.8")
+
+
+def test_build_sources_globs_every_cu():
+    names = [p.name for p in kernels.build_sources()]
+    assert names[0] == "ops.cpp"
+    assert "dequant_w4_awq.cu" in names
+    assert all(n.endswith(".cu") for n in names[1:])
+
+
+def test_stale_torch_lock_is_removed_under_our_lock(tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "lock").write_text("")  # what a build killed halfway leaves behind
+    with kernels._BuildLock(tmp_path / "k.lock", timeout=5):
+        assert kernels.remove_stale_torch_lock(build) is True
+    assert not (build / "lock").exists()
+    with kernels._BuildLock(tmp_path / "k.lock", timeout=5):
+        assert kernels.remove_stale_torch_lock(build) is False
+
+
+def _hold_lock_then_die(path: str, ready) -> None:
+    lock = kernels._BuildLock(Path(path), timeout=5)
+    lock.__enter__()
+    ready.set()
+    time.sleep(60)  # killed long before this ends
+
+
+def test_lock_of_a_killed_process_is_released(tmp_path):
+    """A build killed while holding our lock must not block the next one (flock dies with the process)."""
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold_lock_then_die, args=(str(tmp_path / "k.lock"), ready))
+    p.start()
+    try:
+        assert ready.wait(20)
+        with pytest.raises(EnvironmentUnavailable, match="build lock"):
+            with kernels._BuildLock(tmp_path / "k.lock", timeout=0.5, poll=0.05):
+                pass
+    finally:
+        p.kill()
+        p.join(10)
+    t0 = time.monotonic()
+    with kernels._BuildLock(tmp_path / "k.lock", timeout=5, poll=0.05):
+        pass
+    assert time.monotonic() - t0 < 2
+
+
+def test_load_removes_stale_lock_before_building(tmp_path, monkeypatch):
+    """load() path up to the build: with a leftover torch lock it must not hang (torch would wait forever)."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_nvcc_path", lambda: "/fake/nvcc")
+    monkeypatch.setattr(kernels, "_nvcc_version", lambda nvcc: "fake")
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: True)
+    key = kernels.cache_key("90", nvcc_version="fake")
+    build = kernels.cache_root() / key
+    build.mkdir(parents=True)
+    (build / "lock").write_text("")
+    seen = {}
+
+    def fake_jit(name, build_dir, flags):
+        seen["lock_present"] = (Path(build_dir) / "lock").exists()
+        seen["flags"] = flags
+        raise RuntimeError("Error building extension: nvcc said no\nline 2")
+
+    monkeypatch.setattr(kernels, "_jit_load", fake_jit)
+    with pytest.raises(EnvironmentUnavailable) as info:
+        kernels.load()
+    msg = str(info.value)
+    assert seen["lock_present"] is False
+    assert "-gencode=arch=compute_90,code=sm_90" in seen["flags"]
+    assert not any("fast_math" in f for f in seen["flags"])
+    assert "\n" not in msg and "build.log" in msg
+    log = build / "build.log"
+    assert "nvcc said no" in log.read_text()
+
+
+def test_module_reimports_cleanly():
+    importlib.reload(kernels)
+    assert kernels._module is None
