@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "w4_kernels.h"
 
@@ -16,6 +17,18 @@ namespace {
 // (torch 2.11 + cu130) streaming an integer into a TORCH_CHECK message from this extension
 // crashed the process (segfault inside the message formatting), while strings were fine.
 std::string num(int64_t v) { return std::to_string(v); }
+
+// msg("K = ", K, " ..."): concatenates strings and integers without the stream formatting above.
+inline std::string piece(const std::string& s) { return s; }
+inline std::string piece(const char* s) { return s; }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+std::string piece(T v) { return std::to_string(v); }
+template <typename... A>
+std::string msg(const A&... a) {
+  std::string r;
+  ((r += piece(a)), ...);
+  return r;
+}
 
 std::string join(c10::IntArrayRef v) {
   std::string s = "[";
@@ -132,24 +145,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 // The GEMV binding: its checked wrapper(s) above register_gemv, and their m.def(...) inside it.
 namespace {
 
-// Messages are assembled here rather than by TORCH_CHECK's stream formatting: on the device image,
-// streaming an integer into the check's message crashed the process (segfault inside the throw,
-// seen with both bindings), while plain strings worked. std::to_string avoids the stream.
-inline std::string gemv_piece(const std::string& s) { return s; }
-inline std::string gemv_piece(const char* s) { return s; }
-template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-std::string gemv_piece(T v) { return std::to_string(v); }
-template <typename... A>
-std::string gemv_msg(const A&... a) {
-  std::string r;
-  ((r += gemv_piece(a)), ...);
-  return r;
-}
-
 constexpr int64_t kGemvMaxM = 8;
 
 void gemv_check_aligned16(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, gemv_msg("gemv: ", name,
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, msg("gemv: ", name,
               " must be 16-byte aligned (its data pointer is not; a view with a storage "
               "offset?); call .clone() first"));
 }
@@ -159,61 +158,61 @@ void gemv_check_aligned16(const at::Tensor& t, const char* name) {
 at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                         const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
                         int64_t splits, int64_t variant) {
-  TORCH_CHECK(qweight.is_cuda(), gemv_msg("gemv: qweight must be a CUDA tensor, got ", describe(qweight)));
+  TORCH_CHECK(qweight.is_cuda(), msg("gemv: qweight must be a CUDA tensor, got ", describe(qweight)));
   const at::Device device = qweight.device();
-  TORCH_CHECK(x.is_cuda() && x.device() == device, gemv_msg("gemv: x must be on ", device.str(),
+  TORCH_CHECK(x.is_cuda() && x.device() == device, msg("gemv: x must be on ", device.str(),
               " like qweight, got ", describe(x)));
-  TORCH_CHECK(x.dim() == 2, gemv_msg("gemv: x must be 2-D [M, K], got ", describe(x)));
-  TORCH_CHECK(x.scalar_type() == at::kHalf, gemv_msg("gemv: x must be float16, got ", describe(x)));
-  TORCH_CHECK(x.is_contiguous(), gemv_msg("gemv: x must be contiguous (row-major), got a strided ",
+  TORCH_CHECK(x.dim() == 2, msg("gemv: x must be 2-D [M, K], got ", describe(x)));
+  TORCH_CHECK(x.scalar_type() == at::kHalf, msg("gemv: x must be float16, got ", describe(x)));
+  TORCH_CHECK(x.is_contiguous(), msg("gemv: x must be contiguous (row-major), got a strided ",
               describe(x), "; call .contiguous() first"));
   TORCH_CHECK(qweight.scalar_type() == at::kInt && qweight.dim() == 4 && qweight.size(2) == 8 &&
-                  qweight.size(3) == 16, gemv_msg("gemv: qweight must be int32 [N/8, ceil(K/128), 8, 16] (w4-gemv layout), got ",
+                  qweight.size(3) == 16, msg("gemv: qweight must be int32 [N/8, ceil(K/128), 8, 16] (w4-gemv layout), got ",
               describe(qweight)));
-  TORCH_CHECK(qweight.is_contiguous(), gemv_msg("gemv: qweight must be contiguous, got ", describe(qweight)));
+  TORCH_CHECK(qweight.is_contiguous(), msg("gemv: qweight must be contiguous, got ", describe(qweight)));
   check_cuda_contiguous(qzeros, "gemv: qzeros", device);
   check_cuda_contiguous(scales, "gemv: scales", device);
-  TORCH_CHECK(qzeros.scalar_type() == at::kInt, gemv_msg("gemv: qzeros must be int32, got ",
+  TORCH_CHECK(qzeros.scalar_type() == at::kInt, msg("gemv: qzeros must be int32, got ",
               describe(qzeros)));
-  TORCH_CHECK(scales.scalar_type() == at::kHalf, gemv_msg("gemv: scales must be float16, got ",
+  TORCH_CHECK(scales.scalar_type() == at::kHalf, msg("gemv: scales must be float16, got ",
               describe(scales)));
 
   const int64_t M = x.size(0);
   const int64_t K = x.size(1);
   const int64_t N = qweight.size(0) * 8;
   const int64_t groups = scales.size(0);
-  TORCH_CHECK(M <= kGemvMaxM, gemv_msg("gemv: x has M = ", M, " rows; the kernel takes at most ", kGemvMaxM,
+  TORCH_CHECK(M <= kGemvMaxM, msg("gemv: x has M = ", M, " rows; the kernel takes at most ", kGemvMaxM,
               " (w4cli.kernels.gemv splits larger batches)"));
-  TORCH_CHECK(N > 0 && K > 0, gemv_msg("gemv: empty weight or activations: x ", describe(x), ", qweight ",
+  TORCH_CHECK(N > 0 && K > 0, msg("gemv: empty weight or activations: x ", describe(x), ", qweight ",
               describe(qweight)));
-  TORCH_CHECK(qweight.size(1) == (K + 127) / 128, gemv_msg("gemv: qweight ", describe(qweight),
+  TORCH_CHECK(qweight.size(1) == (K + 127) / 128, msg("gemv: qweight ", describe(qweight),
               " holds ceil(K/128) = ", qweight.size(1), " k-blocks but x has K = ", K,
               " (needs ", (K + 127) / 128, ")"));
-  TORCH_CHECK(K % 8 == 0, gemv_msg("gemv: K = ", K, " must be a multiple of 8 (16-byte activation rows)"));
-  TORCH_CHECK(scales.size(1) == N, gemv_msg("gemv: scales must be [K/G, N] = [*, ", N, "], got ",
+  TORCH_CHECK(K % 8 == 0, msg("gemv: K = ", K, " must be a multiple of 8 (16-byte activation rows)"));
+  TORCH_CHECK(scales.size(1) == N, msg("gemv: scales must be [K/G, N] = [*, ", N, "], got ",
               describe(scales)));
-  TORCH_CHECK(qzeros.size(0) == groups && qzeros.size(1) == N / 8, gemv_msg("gemv: qzeros must be [K/G, N/8] = [", groups, ", ", N / 8, "], got ",
+  TORCH_CHECK(qzeros.size(0) == groups && qzeros.size(1) == N / 8, msg("gemv: qzeros must be [K/G, N/8] = [", groups, ", ", N / 8, "], got ",
               describe(qzeros)));
-  TORCH_CHECK(groups > 0 && K % groups == 0, gemv_msg("gemv: K = ", K, " is not a multiple of the ", groups,
+  TORCH_CHECK(groups > 0 && K % groups == 0, msg("gemv: K = ", K, " is not a multiple of the ", groups,
               " scale rows (K % G != 0)"));
   const int64_t G = K / groups;
-  TORCH_CHECK(G % 32 == 0 || groups == 1, gemv_msg("gemv: group size ", G,
+  TORCH_CHECK(G % 32 == 0 || groups == 1, msg("gemv: group size ", G,
               " must be a multiple of 32 (or one group per row)"));
-  TORCH_CHECK(K < (int64_t{1} << 21) && N < (int64_t{1} << 31), gemv_msg("gemv: K must be below 2^21 and N "
+  TORCH_CHECK(K < (int64_t{1} << 21) && N < (int64_t{1} << 31), msg("gemv: K must be below 2^21 and N "
               "below 2^31, got K=", K, " N=", N));
-  TORCH_CHECK(splits >= 0 && splits <= 16, gemv_msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
-  TORCH_CHECK(variant >= 0 && variant <= 15, gemv_msg("gemv: variant must be 0 (default) .. 15, got ", variant));
-  TORCH_CHECK(splits <= 8 || (variant != 1 && variant != 5 && variant != 10), gemv_msg("gemv: variants 1, 5 and 10 take at most 8 "
+  TORCH_CHECK(splits >= 0 && splits <= 16, msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
+  TORCH_CHECK(variant >= 0 && variant <= 15, msg("gemv: variant must be 0 (default) .. 15, got ", variant));
+  TORCH_CHECK(splits <= 8 || (variant != 1 && variant != 5 && variant != 10), msg("gemv: variants 1, 5 and 10 take at most 8 "
               "splits, got ", splits));
   gemv_check_aligned16(x, "x");
   gemv_check_aligned16(qweight, "qweight");
   const void* bias_ptr = nullptr;
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
-    TORCH_CHECK(b.is_cuda() && b.device() == device, gemv_msg("gemv: bias must be on ", device.str(),
+    TORCH_CHECK(b.is_cuda() && b.device() == device, msg("gemv: bias must be on ", device.str(),
                 ", got ", describe(b)));
     TORCH_CHECK(b.scalar_type() == at::kHalf && b.dim() == 1 && b.size(0) == N &&
-                    b.is_contiguous(), gemv_msg("gemv: bias must be a contiguous float16 [", N, "], got ", describe(b)));
+                    b.is_contiguous(), msg("gemv: bias must be a contiguous float16 [", N, "], got ", describe(b)));
     bias_ptr = b.data_ptr();
   }
 
@@ -225,7 +224,7 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
       x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
       bias_ptr, y.data_ptr(), M, K, N, G, static_cast<int>(splits), static_cast<int>(variant),
       stream);
-  TORCH_CHECK(err == cudaSuccess, gemv_msg("gemv: kernel launch failed: ", cudaGetErrorString(err),
+  TORCH_CHECK(err == cudaSuccess, msg("gemv: kernel launch failed: ", cudaGetErrorString(err),
               " (M=", M, ", K=", K, ", N=", N, ", G=", G, ", splits=", splits, ", variant=", variant,
               ")"));
   return y;

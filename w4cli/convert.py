@@ -27,6 +27,21 @@ class ConversionReport:
     compute_seconds: float  # turning them into output tensors
     write_seconds: float  # writing shards
 
+    def fields(self) -> dict[str, Any]:
+        """The numbers every conversion command reports, for its table or JSON."""
+        return {
+            "files": self.files,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": round(self.seconds, 3),
+            "read_seconds": round(self.read_seconds, 3),
+            "compute_seconds": round(self.compute_seconds, 3),
+            "write_seconds": round(self.write_seconds, 3),
+            "bound_by": self.bound_by,
+            "mb_per_s": round(self.mb_per_s, 1),
+            "output": str(self.output),
+        }
+
     @property
     def bound_by(self) -> str:
         """What the conversion spent most time on: the limit to raise for a faster run."""

@@ -17,17 +17,6 @@ from w4cli.quant_config import W4_GEMV, w4_gemv_config
 from w4cli.writer import OutputTensor
 
 
-def tensor_specs(layer: QuantLinear) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shapes and dtypes of one repacked linear, known before any data is read (shard planning)."""
-    k, n, g = layer.in_features, layer.out_features, layer.group_size
-    return {
-        "qweight": ((n // w4_gemv.TILE_ROWS, w4_gemv.padded_k(k) // w4_gemv.TILE_K, w4_gemv.TILE_ROWS, w4_gemv.TILE_WORDS), torch.int32),
-        "qzeros": ((k // g, n // w4_gemv.PACK), torch.int32),
-        "scales": ((k // g, n), torch.float16),
-        "meta": ((4,), torch.int32),
-    }
-
-
 class _LastLayer:
     """One linear's repacked tensors, kept while its four output tensors are written in a row, so
     each layer is read and repacked once."""
@@ -77,7 +66,7 @@ def plan_tensors(model: QuantModel) -> list[OutputTensor]:
             continue
         layer = model.layers[name]
         source_bytes = sum(checkpoint.tensors[n].nbytes for n in (layer.qweight, layer.qzeros, layer.scales))
-        for i, (suffix, (shape, dtype)) in enumerate(tensor_specs(layer).items()):
+        for i, (suffix, (shape, dtype)) in enumerate(w4_gemv.tensor_specs(layer.in_features, layer.out_features, layer.group_size).items()):
             tensors.append(
                 OutputTensor(
                     name=f"{layer.prefix}.{suffix}",

@@ -6,9 +6,10 @@ weight the kernel dequantizes, so quantization error is not part of the comparis
 kernel's arithmetic is. The kernel accumulates K products in float32 (each product of two fp16
 values is exact in fp32) in some order, then rounds once to fp16:
   - the final rounding to fp16 costs at most half an ulp: 2^-11 |y| (we allow 2^-10 |y|);
-  - a float32 sum of K terms in any order is off by at most about K * 2^-24 * sum |x_k w_k|
-    (the classic bound, (K-1) u with u = 2^-24); we allow 4x that for the bias add and the
-    split-K partial sums combined at the end;
+  - each of the K float32 additions is off by at most 2 ulp (2 * 2^-24 relative) of a partial
+    sum no larger than sum |x_k w_k| (tensor cores align the products and truncate rather than
+    round, hence 2 ulp rather than 1/2); we allow 4 K 2^-24 sum |x_k w_k|, which also covers the
+    bias add and the split-K partial sums combined at the end;
   - plus one fp16 subnormal step (2^-24) so an exact 0 reference does not demand an exact 0.
 This is a worst-case bound, so on random data it is loose: it catches wrong weights, wrong
 nibble order, wrong groups or a missing bias by orders of magnitude, but not fp16 accumulation.

@@ -41,6 +41,7 @@ from w4cli.bench import nbytes
 from w4cli.bench.results import FAIL, SKIPPED, Report, Result
 from w4cli.bench.shapes import ModelShapes, Shape, unsupported_reason
 from w4cli.errors import CheckFailed, EnvironmentUnavailable
+from w4cli.tolerance import gemv_bound
 from w4cli.formats import awq_gemm, w4_gemv
 
 DEV = "cuda"
@@ -159,10 +160,8 @@ def gemv_check(k: int, meta: torch.Tensor) -> timing.CheckFn:
     def check(out: torch.Tensor, args: tuple) -> bool:
         x, qweight, qzeros, scales = args
         ref = w4_gemv.gemv_reference(x, qweight, qzeros, scales, meta)  # fp32 [M, N]
-        w = w4_gemv.dequantize(qweight, qzeros, scales, meta, torch.float16).float()
-        mag = x.float().abs() @ w.abs().t()
-        bound = 2.0**-10 * ref.abs() + 4 * k * 2.0**-24 * mag + 2.0**-24
-        excess = (out.float() - ref).abs() / bound
+        w = w4_gemv.dequantize(qweight, qzeros, scales, meta, torch.float16)
+        excess = (out.double() - ref.double()).abs() / gemv_bound(x, w, ref)  # w4cli/tolerance.py says why
         worst = float(excess.max())
         if not worst <= 1.0:
             i = int(excess.argmax())

@@ -94,20 +94,11 @@ def dequantize(
         label=f"dequantize ({backend})",
     )
     summary = {
-        "output": str(report.output),
         "dtype": dtype.value,
         "device": backend,
         "layers_dequantized": len(awq.layers),
         "tensors_copied": len(tensors) - len(awq.layers),
-        "files": report.files,
-        "bytes_in": report.bytes_in,
-        "bytes_out": report.bytes_out,
-        "seconds": round(report.seconds, 3),
-        "read_seconds": round(report.read_seconds, 3),
-        "compute_seconds": round(report.compute_seconds, 3),
-        "write_seconds": round(report.write_seconds, 3),
-        "bound_by": report.bound_by,
-        "mb_per_s": round(report.mb_per_s, 1),
+        **report.fields(),
     }
     console.summary("w4 dequantize", summary, as_json)
 

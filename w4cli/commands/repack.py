@@ -41,18 +41,9 @@ def repack(
         label="repack",
     )
     summary = {
-        "output": str(report.output),
         "layout": "w4-gemv",
         "layers_repacked": len(quantized.layers),
         "tensors_written": report.tensors,
-        "files": report.files,
-        "bytes_in": report.bytes_in,
-        "bytes_out": report.bytes_out,
-        "seconds": round(report.seconds, 3),
-        "read_seconds": round(report.read_seconds, 3),
-        "compute_seconds": round(report.compute_seconds, 3),
-        "write_seconds": round(report.write_seconds, 3),
-        "bound_by": report.bound_by,
-        "mb_per_s": round(report.mb_per_s, 1),
+        **report.fields(),
     }
     console.summary("w4 repack", summary, as_json)

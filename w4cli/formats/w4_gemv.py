@@ -18,8 +18,8 @@ Why: within one 32-bit word the 8 codes are 8 consecutive k in the [0,2,4,6,1,3,
 order, so each lop3 step of the int4 -> fp16 conversion yields the fp16 pair (k, k+1) that an
 mma A-fragment register holds. A warp's lane L = 4g + t reads the 16 bytes at offset 16L of a
 512-byte tile (rows g, words 4t..4t+3): one fully coalesced 512-byte load per instruction. The
-scales and zeros keep AWQ's [groups, N] orientation because that is what the kernel reads best:
-the 16 rows of one mma tile share one 32-byte sector of scales per group.
+scales and zeros keep AWQ's [groups, N] orientation: the 16 rows of one mma tile read one
+32-byte sector of scales per group, and repacking them is the identity.
 
 Everything here is vectorised (no Python loop over elements) and exact: repack/to_awq are
 permutations of nibbles, and dequantize() is bit-identical to awq_gemm.dequantize().
@@ -100,7 +100,7 @@ def repack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.T
     GEMV kernel cannot run: group size not a multiple of 32 (unless there is one group), K not a
     multiple of 8 (activation rows must stay 16-byte aligned).
     """
-    _check_awq(qweight, qzeros, scales)
+    check_awq(qweight, qzeros, scales)
     k, n, groups = qweight.shape[0], qweight.shape[1] * PACK, scales.shape[0]
     g = k // groups
     codes = awq_gemm.unpack(qweight).t()  # [N, K]
@@ -110,6 +110,16 @@ def repack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.T
         "qzeros": qzeros.contiguous().clone(),
         "scales": scales.contiguous().clone(),
         "meta": meta,
+    }
+
+
+def tensor_specs(k: int, n: int, g: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shapes and dtypes of one linear's w4-gemv tensors, known before any data is read."""
+    return {
+        "qweight": ((n // TILE_ROWS, padded_k(k) // TILE_K, TILE_ROWS, TILE_WORDS), torch.int32),
+        "qzeros": ((k // g, n // PACK), torch.int32),
+        "scales": ((k // g, n), torch.float16),
+        "meta": ((4,), torch.int32),
     }
 
 
@@ -133,12 +143,7 @@ def validate(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
     if k < 1 or n < 1 or g < 1 or k % g:
         _refuse(f"meta holds an impossible shape K={k} N={n} G={g}")
     _check_kernel_shape(k, n, g)
-    groups = k // g
-    expect = {
-        "qweight": (torch.int32, (n // TILE_ROWS, padded_k(k) // TILE_K, TILE_ROWS, TILE_WORDS)),
-        "qzeros": (torch.int32, (groups, n // PACK)),
-        "scales": (torch.float16, (groups, n)),
-    }
+    expect = {name: (dtype, shape) for name, (shape, dtype) in tensor_specs(k, n, g).items()}
     for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
         dtype, shape = expect[name]
         if t.dtype != dtype or tuple(t.shape) != shape:
@@ -156,7 +161,7 @@ def _check_kernel_shape(k: int, n: int, g: int) -> None:
         _refuse(f"group size must be a multiple of 32 or the whole row, got {g} with in_features {k}")
 
 
-def _check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> None:
+def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> None:
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         _refuse(f"AWQ qweight and qzeros must be int32, got {qweight.dtype} and {qzeros.dtype}")
     if scales.dtype != torch.float16:

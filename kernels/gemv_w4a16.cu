@@ -1,0 +1,645 @@
+// gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..8.
+//
+// Computes, for m < M and n < N:
+//   y[m, n] = fp16( sum_k x[m, k] * W16[n, k]  (+ bias[n]) ),  W16[n, k] = fp16((q - z) * s)
+// with W16 bit-identical to w4cli.formats.w4_gemv.dequantize (and awq_gemm.dequantize), every
+// product exact (fp16 x fp16 fits in fp32), sums in fp32 on the tensor cores, one final rounding.
+// The pure-torch oracle is w4cli.formats.w4_gemv.gemv_reference (fp32 result; y = its fp16 cast
+// up to fp32 summation order).
+//
+// Inputs (K = in_features, N = out_features, G = group size, Kp = K rounded up to 128):
+//   x       [M, K]              fp16, row-major, 16-byte aligned (K % 8 == 0)
+//   qweight [N/8, Kp/128, 8, 16] int32, 16-byte aligned: tiles of 8 rows x 128 k, row-major in
+//           the tile; word [a, b, r, w] holds row n = 8a + r, k = 128b + 8w + e (e = 0..7),
+//           nibble i = e[AWQ_ORDER[i]], AWQ_ORDER = [0,2,4,6,1,3,5,7]:
+//               nibble : 0  1  2  3  4  5  6  7
+//               k-off  : 0  2  4  6  1  3  5  7
+//           codes at k >= K are 0 (padding).
+//   qzeros  [K/G, N/8] int32   AWQ gemm zeros (nibble AWQ_REVERSE_ORDER[j] of word n/8 holds n%8=j)
+//   scales  [K/G, N]   fp16    AWQ gemm scales
+//   bias    [N] fp16 or null
+//   y       [M, N] fp16
+//
+// How a warp works. The weight is the A operand of mma.sync.m16n8k16 (16 rows n x 16 k), the
+// activations the B operand (16 k x 8 columns = the M tokens, columns >= M are zero), fp32 C.
+// Lane L = 4g + t owns A rows g and g+8 and B column g. One 128-k block of a 16-row tile is two
+// 512-byte qweight tiles (rows 0-7 and 8-15); the lane loads the 16 bytes at offset 16L of each:
+// words 4t..4t+3 of rows g and g+8 = k 128b + 32t + [0, 32). Word j (k0 = 128b + 32t + 8j) gives,
+// through int4_convert.cuh's lop3 conversion with the zero point folded into the bias removal, the
+// fp16 pairs d0=(k0, k0+1), d1=(k0+2, k0+3), d2=(k0+4, k0+5), d3=(k0+6, k0+7), scaled by one
+// mul.rn.f16x2 each. The mma only needs A and B to agree on which real k sits in each k-slot, so
+//     mma 1: a0 = d0(row g), a1 = d0(row g+8), a2 = d1(row g), a3 = d1(row g+8); b = x[g, k0..k0+3]
+//     mma 2: a0 = d2(row g), a1 = d2(row g+8), a2 = d3(row g), a3 = d3(row g+8); b = x[g, k0+4..+7]
+// (slots 2t,2t+1 <-> b0, 2t+8,2t+9 <-> b1, the same real k for every lane with the same t), and
+// lane (g, t) loads its activations as one 16-byte vector x[g, k0 .. k0+7]. No shuffles, no
+// shared-memory staging: the A fragment comes straight out of the conversion.
+//
+// Launch shape: grid = ceil(N/16) blocks (one 16-row tile each), block = S warps (S in 1,2,4,8,16),
+// dynamic shared memory S * 512 B (+ the bulk variants' stages). Warp w reduces k-blocks
+// [w*P, (w+1)*P) of the tile (split-K inside the block). The S partial 16x8 tiles are summed in
+// warp order through shared memory (deterministic: no atomics), bias added in fp32, one fp16
+// rounding. S is the largest power of two for which all ceil(N/16) blocks are resident at once
+// (one wave, from the occupancy API), or `splits` when given.
+//
+// Variants (`variant`; 0 = the default = 15). Measured on an H200, 2026-11-21, M = 1, us
+// (docs/kernels.md ## GEMV has the full tables):
+//                                                   8192x8192  8192x28672  28672x8192
+//   1..5  checked loop, U k-blocks per trip, optional register double buffer (U, pipe):
+//         4 = (2, no)                                  16.8        53.5        51.8
+//   6..8  bulk copies (cp.async.bulk + mbarrier, sm_90): weights staged in shared memory,
+//         ST stages per warp; 6 = (U 2, ST 4)          21.0        69.1        61.2
+//   9..12 lean loop (addressing hoisted, no bounds checks in the main loop), U = 2, 4(8 warps),
+//         1, 4; 11 = (U 1)                             18.1        45.3        56.4
+//   13    lean, unpredicated (U 1)                      17.7        44.2        55.1
+//   15    lean, unpredicated, U 1, registers capped at 64 (two 512-thread blocks per SM)
+//                                                      14.1        43.6        42.1
+//   The register count decides how many warps fit per SM, and with one wave that decides how
+//   many 16-byte loads are in flight: variant 15 is the best on every measured shape.
+//
+// Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
+//   1 <= M <= 8 (larger M: call per 8 rows; the tensor-core tile has 8 columns), N % 8 == 0,
+//   K % 8 == 0, K % G == 0, G % 32 == 0 or G == K, K < 2^21, N < 2^31.
+//   Tails: N % 16 == 8 (last tile half empty: rows g+8 not stored; the checked paths do not load
+//   them, the unpredicated ones re-read rows g), K % 128 != 0 (qweight padded by repack;
+//   activations past K are never read: the partial k-block takes the checked path).
+//   M > 8 is split into launches of 8 rows by w4cli.kernels.gemv (each re-reads the weight).
+// Numerics: W16 exact as above; the tensor cores add exact products in fp32 (their internal
+//   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
+//   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
+// Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); variants 6..8 need
+//   sm_90 (bulk copies; elsewhere they return cudaErrorNotSupported); tuned on sm_90 (H200).
+// Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: kernels/run_gemv_device.sh.
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "int4_convert.cuh"
+#include "w4_kernels.h"
+
+namespace w4 {
+namespace {
+
+constexpr int kMaxWarps = 16;  // per block; 16 * 32 threads * 128 registers = one SM's 64K
+constexpr int kMaxM = 8;       // mma n8: one column per token
+
+// Weights are read exactly once: tell L2 to evict them first so that the activations, scales
+// and zeros (re-read by every row tile) stay resident. L1 is bypassed for the same reason.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
+  uint4 v;
+  asm volatile(
+      "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+}
+
+// fp16 A (row) x fp16 B (col) -> fp32, 16x8x16, accumulating into c in place.
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One row's zero point, replicated into the pairs int4_convert.cuh's u4x8_minus_zero_f16x8
+// expects (all 8 codes of a word share the row's zero): (1024 + z) and -(64 + z) in fp16.
+// 1024 + z: exponent of 1024, z in the low mantissa bits (spacing 1 in [1024, 2048)).
+// 64 + z: spacing 1/16 in [64, 128), so z moves the mantissa by 16z; the sign bit negates.
+__device__ __forceinline__ ZeroF16x8 row_zero(uint32_t z) {
+  ZeroF16x8 r;
+  r.biased[0] = r.biased[1] = (0x6400u | z) * 0x10001u;
+  r.neg_high[0] = r.neg_high[1] = (0xD400u + (z << 4)) * 0x10001u;
+  return r;
+}
+
+// Everything one k-block needs from global memory except the activations.
+struct Block {
+  uint4 lo, hi;  // words 4t..4t+3 of rows g and g+8
+  uint32_t s;    // fp16 bits: scale of row g (low half), row g+8 (high half)
+  uint32_t z;    // zero of row g (bits 0..3), row g+8 (bits 4..7)
+};
+
+struct Args {
+  const __half* __restrict__ x;
+  const uint4* __restrict__ qweight;
+  const uint32_t* __restrict__ qzeros;
+  const __half* __restrict__ scales;
+  const __half* __restrict__ bias;
+  __half* __restrict__ y;
+  int M, K, N, groups, runs_per_group;
+  uint32_t group_magic;
+  int kblocks, kb_per_warp;
+};
+
+// Per-lane constants.
+struct Lane {
+  int g, t, tile, row_lo, words_n, zshift;
+  bool has_hi, has_x;
+  const uint4* wlo;   // this lane's uint4 in tile (2*tile, kb = 0)
+  const uint4* whi;   // ... in tile (2*tile + 1, 0)
+  const uint4* xrow;  // x[g, 0]
+  uint64_t policy;
+  int kb_end;
+};
+
+// Group of 32-k run r (all of a run lies in one group: G % 32 == 0, or a single group).
+__device__ __forceinline__ int group_of_run(uint32_t run, const Args& a) {
+  int grp = a.runs_per_group == 1 ? (int)run : (int)__umulhi(run, a.group_magic);
+  return a.groups == 1 ? 0 : min(grp, a.groups - 1);
+}
+
+// Scale pair (rows g, g+8) and zero pair of the lane's 32-k run in k-block kb (0 past the range).
+__device__ __forceinline__ void load_sz(Block& b, int kb, const Args& a, const Lane& l) {
+  const int grp = group_of_run(4u * kb + l.t, a);
+  uint32_t s = 0, z = 0;
+  if (kb < l.kb_end) {
+    // re-read by neighbouring tiles (zeros) and cheap: cached loads
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(a.scales) + (size_t)grp * a.N;
+    const uint32_t* zrow = a.qzeros + (size_t)grp * l.words_n + 2 * l.tile;
+    s = __ldg(srow + l.row_lo);
+    z = (__ldg(zrow) >> l.zshift) & 0xF;
+    if (l.has_hi) {
+      s |= (uint32_t)__ldg(srow + l.row_lo + 8) << 16;
+      z |= ((__ldg(zrow + 1) >> l.zshift) & 0xF) << 4;
+    }
+  }
+  b.s = s;
+  b.z = z;
+}
+
+template <int U>
+__device__ __forceinline__ void load_blocks_sz(Block (&b)[U], int kb0, const Args& a, const Lane& l) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) load_sz(b[u], kb0 + u, a, l);
+}
+
+template <int U>
+__device__ __forceinline__ void load_blocks(Block (&b)[U], int kb0, const Args& a, const Lane& l) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int kb = kb0 + u;
+    const bool valid = kb < l.kb_end;
+    const uint4 zero4 = make_uint4(0, 0, 0, 0);
+    b[u].lo = valid ? load_weight(l.wlo + (size_t)kb * 32, l.policy) : zero4;
+    b[u].hi = (valid && l.has_hi) ? load_weight(l.whi + (size_t)kb * 32, l.policy) : zero4;
+    load_sz(b[u], kb, a, l);
+  }
+}
+
+// Activations of U k-blocks, issued together: x[g, k0 .. k0+7] for k0 = 128 kb + 32 t + 8 j.
+// K % 8 == 0, so a 16-byte vector is all in or all out; columns g >= M are zero.
+template <int U>
+__device__ __forceinline__ void load_x(uint4 (&xv)[U][4], int kb0, const Args& a, const Lane& l) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int k0 = 128 * (kb0 + u) + 32 * l.t + 8 * j;
+      xv[u][j] = (kb0 + u < l.kb_end && l.has_x && k0 < a.K) ? __ldg(l.xrow + (k0 >> 3))
+                                                               : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Dequantize one k-block (the lane's 4 words of rows g and g+8) and run its 8 mma. acc0 takes the
+// first mma of each word, acc1 the second: two independent dependency chains through the tensor
+// core. s: fp16 scale of row g (low half) and g+8 (high half); z: zero of row g (bits 0..3) and
+// g+8 (bits 4..7).
+__device__ __forceinline__ void compute_one(const uint4& lo, const uint4& hi, uint32_t s, uint32_t z,
+                                            const uint4 (&xv)[4], float (&acc0)[4],
+                                            float (&acc1)[4]) {
+  const ZeroF16x8 zlo = row_zero(z & 0xF);
+  const ZeroF16x8 zhi = row_zero(z >> 4);
+  const uint32_t slo = (s & 0xFFFFu) * 0x10001u;  // (s_g, s_g)
+  const uint32_t shi = (s >> 16) * 0x10001u;      // (s_g+8, s_g+8)
+  const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
+  const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t dl[4], dh[4];
+    u4x8_minus_zero_f16x8(wl[j], zlo, dl);  // exact q - z, fp16 pairs (k, k+1)
+    u4x8_minus_zero_f16x8(wh[j], zhi, dh);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      dl[i] = mul_f16x2(dl[i], slo);  // (q - z) * s rounded once: the reference's fp16 weight
+      dh[i] = mul_f16x2(dh[i], shi);
+    }
+    mma_16816(acc0, dl[0], dh[0], dl[1], dh[1], xv[j].x, xv[j].y);
+    mma_16816(acc1, dl[2], dh[2], dl[3], dh[3], xv[j].z, xv[j].w);
+  }
+}
+
+template <int U>
+__device__ __forceinline__ void compute_blocks(const Block (&b)[U], const uint4 (&xv)[U][4], int kb0,
+                                               const Lane& l, float (&acc0)[4], float (&acc1)[4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (kb0 + u >= l.kb_end) break;  // warp-uniform
+    compute_one(b[u].lo, b[u].hi, b[u].s, b[u].z, xv[u], acc0, acc1);
+  }
+}
+
+__device__ __forceinline__ Lane make_lane(const Args& a, int lane, int warp) {
+  Lane l;
+  l.g = lane >> 2;
+  l.t = lane & 3;
+  l.tile = blockIdx.x;
+  l.row_lo = l.tile * 16 + l.g;      // always < N (N % 8 == 0)
+  l.has_hi = l.tile * 16 + 8 < a.N;  // the tile's second half exists
+  l.words_n = a.N >> 3;
+  // nibble of qzeros word n/8 that holds row n: AWQ_REVERSE_ORDER[n % 8] = (j >> 1) + 4 (j & 1)
+  l.zshift = 4 * ((l.g >> 1) + 4 * (l.g & 1));
+  l.has_x = l.g < a.M;
+  // qweight tiles (2*tile, kb) and (2*tile + 1, kb), 32 uint4 each; the lane's uint4 is `lane`
+  l.wlo = a.qweight + (size_t)(2 * l.tile) * a.kblocks * 32 + lane;
+  l.whi = l.wlo + (size_t)a.kblocks * 32;
+  l.xrow = reinterpret_cast<const uint4*>(a.x + (size_t)(l.has_x ? l.g : 0) * a.K);
+  l.policy = evict_first_policy();
+  l.kb_end = min((warp + 1) * a.kb_per_warp, a.kblocks);
+  return l;
+}
+
+// Sum the block's per-warp 16x8 partial tiles in warp order (deterministic), add the bias in
+// fp32, round once to fp16 and store the valid (m < M, n < N) outputs.
+// acc: [0] (row g, col 2t), [1] (row g, col 2t+1), [2] (row g+8, col 2t), [3] (row g+8, col 2t+1)
+__device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int lane, int warp,
+                                             const float (&acc0)[4], const float (&acc1)[4],
+                                             float (*partial)[4][32]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc0[i] + acc1[i];
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  for (int o = threadIdx.x; o < 128; o += blockDim.x) {
+    const int ln = o & 31;
+    const int i = o >> 5;
+    const int n = l.tile * 16 + (ln >> 2) + 8 * (i >> 1);
+    const int m = 2 * (ln & 3) + (i & 1);
+    if (m >= a.M || n >= a.N) continue;
+    float sum = 0.f;
+    for (int w = 0; w < warps; ++w) sum += partial[w][i][ln];
+    if (a.bias != nullptr) sum += __half2float(a.bias[n]);
+    a.y[(size_t)m * a.N + n] = __float2half_rn(sum);
+  }
+}
+
+// Register-staged variants. kPipe: the next U k-blocks' weights are requested before the current
+// U are computed (register double buffer), so loads stay in flight through the compute phase.
+template <int U, bool kPipe, int kWarpsCap>
+__global__ void __launch_bounds__(kWarpsCap * 32) gemv_w4a16_kernel(const Args a) {
+  extern __shared__ __align__(128) uint8_t dsmem[];  // [warps][4][32] float partial tiles
+  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const Lane l = make_lane(a, lane, warp);
+  const int kb_begin = warp * a.kb_per_warp;
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+
+  if constexpr (kPipe) {
+    Block b0[U], b1[U];
+    load_blocks<U>(b0, kb_begin, a, l);
+    for (int kb0 = kb_begin; kb0 < l.kb_end; kb0 += 2 * U) {
+      load_blocks<U>(b1, kb0 + U, a, l);
+      uint4 xv[U][4];
+      load_x<U>(xv, kb0, a, l);
+      compute_blocks<U>(b0, xv, kb0, l, acc0, acc1);
+      if (kb0 + U >= l.kb_end) break;
+      load_blocks<U>(b0, kb0 + 2 * U, a, l);
+      load_x<U>(xv, kb0 + U, a, l);
+      compute_blocks<U>(b1, xv, kb0 + U, l, acc0, acc1);
+    }
+  } else {
+    for (int kb0 = kb_begin; kb0 < l.kb_end; kb0 += U) {
+      Block b[U];
+      uint4 xv[U][4];
+      load_blocks<U>(b, kb0, a, l);
+      load_x<U>(xv, kb0, a, l);
+      compute_blocks<U>(b, xv, kb0, l, acc0, acc1);
+    }
+  }
+  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+}
+
+// Lean variant: the same work with the addressing hoisted out of the loop. The k-blocks that lie
+// wholly inside K are walked U at a time with running pointers and no bounds checks (only the
+// lane-constant "rows g+8 exist" and "column g < M" predicates); the rest (at most one partial
+// k-block per warp, and a remainder below U) goes through the checked path above. The compiler's
+// version of the checked loop recomputed 64-bit addresses and bounds for every load, about as
+// many instructions as the dequantization itself.
+//
+// kUnpred: no predicates at all in the main loop. Lanes whose B column g >= M load x row 0 and a
+// half-empty last tile (N % 16 == 8) re-reads its rows g as rows g+8: both only feed outputs
+// (m >= M, n >= N) that are never stored, and the mma keeps columns and rows independent, so the
+// stored outputs are unchanged (the exact tests run every variant). This drops the per-iteration
+// zeroing of the skipped registers. kMinBlocks caps registers through __launch_bounds__.
+template <int U, int kWarpsCap, bool kUnpred = false, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_kernel(const Args a) {
+  extern __shared__ __align__(128) uint8_t dsmem[];
+  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const Lane l = make_lane(a, lane, warp);
+  int kb = warp * a.kb_per_warp;
+  const int kb_main_end = min(l.kb_end, a.K >> 7);  // k-blocks with all 128 k < K
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+
+  const uint4* pw = l.wlo + (size_t)kb * 32;
+  const size_t hi_off = (kUnpred && !l.has_hi) ? 0 : (size_t)a.kblocks * 32;
+  const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
+  const unsigned short* sp = reinterpret_cast<const unsigned short*>(a.scales) + l.row_lo;
+  const uint32_t* zp = a.qzeros + 2 * l.tile;
+  const bool has_hi = kUnpred || l.has_hi, has_x = kUnpred || l.has_x;
+  const int s_hi = (kUnpred && !l.has_hi) ? 0 : 8;  // element offset of row g+8's scale
+  const int z_hi = (kUnpred && !l.has_hi) ? 0 : 1;  // word offset of row g+8's zeros
+  for (; kb + U <= kb_main_end; kb += U) {
+    uint4 lo[U], hi[U], xv[U][4];
+    uint32_t sc[U], z[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      lo[u] = load_weight(pw + u * 32, l.policy);
+      hi[u] = has_hi ? load_weight(pw + hi_off + u * 32, l.policy) : make_uint4(0, 0, 0, 0);
+      const int grp = group_of_run(4u * (kb + u) + l.t, a);
+      const unsigned short* srow = sp + (size_t)grp * a.N;
+      const uint32_t* zrow = zp + (size_t)grp * l.words_n;
+      sc[u] = __ldg(srow);
+      z[u] = (__ldg(zrow) >> l.zshift) & 0xF;
+      if (has_hi) {
+        sc[u] |= (uint32_t)__ldg(srow + s_hi) << 16;
+        z[u] |= ((__ldg(zrow + z_hi) >> l.zshift) & 0xF) << 4;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) xv[u][j] = has_x ? __ldg(px + u * 16 + j) : make_uint4(0, 0, 0, 0);
+    }
+    pw += U * 32;
+    px += U * 16;
+#pragma unroll
+    for (int u = 0; u < U; ++u) compute_one(lo[u], hi[u], sc[u], z[u], xv[u], acc0, acc1);
+  }
+  for (; kb < l.kb_end; ++kb) {  // checked tail
+    Block b[1];
+    uint4 xv[1][4];
+    load_blocks<1>(b, kb, a, l);
+    load_x<1>(xv, kb, a, l);
+    compute_blocks<1>(b, xv, kb, l, acc0, acc1);
+  }
+  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+}
+
+// ---- bulk-copy variant -------------------------------------------------------------------------
+// The weights go global -> shared memory through the copy engine (cp.async.bulk, 1-D: a warp's
+// k-range of one 8-row tile is contiguous, U * 512 bytes per stage), ST stages per warp, each
+// completing on its own mbarrier. Lane 0 refills a stage as soon as the warp has read it into
+// registers, so (ST - 1) * U KB per warp stay in flight without costing registers: the register
+// variants above are limited by how many 16-byte loads a thread can keep outstanding.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+// Lane 0: announce `bytes` of copy-engine traffic on this phase, then start the copies.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+template <int U, int ST>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_w4a16_bulk_kernel(const Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // never launched below sm_90 (the launcher refuses); bulk copies need Hopper
+#else
+  __shared__ uint64_t bars[kMaxWarps][ST];
+  // [warps][4][32] float partial tiles, then [warps][ST][lo U*512 | hi U*512] weight stages
+  extern __shared__ __align__(128) uint8_t dsmem[];
+  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
+  uint8_t* wsmem = dsmem + (size_t)(blockDim.x >> 5) * 512;
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const Lane l = make_lane(a, lane, warp);
+  const int kb_begin = warp * a.kb_per_warp;
+  uint8_t* buf = wsmem + (size_t)warp * ST * U * 1024;
+  uint64_t* bar = bars[warp];
+  const char* src_lo = reinterpret_cast<const char*>(a.qweight) + (size_t)(2 * l.tile) * a.kblocks * 512;
+  const char* src_hi = src_lo + (size_t)a.kblocks * 512;
+
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < ST; ++s) mbar_init(&bar[s], 1);
+    // make the initialised barriers visible to the copy engine (async proxy)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncwarp();
+
+  // Lane 0 only: fill stage s with k-blocks [kb0, kb0 + U) (clipped to the warp's range).
+  auto issue = [&](int s, int kb0) {
+    if (kb0 >= l.kb_end) return;
+    const uint32_t n = min(U, l.kb_end - kb0);
+    const uint32_t bytes = n * 512;
+    mbar_expect_tx(&bar[s], l.has_hi ? 2 * bytes : bytes);
+    uint8_t* dst = buf + s * U * 1024;
+    bulk_copy(dst, src_lo + (size_t)kb0 * 512, bytes, &bar[s], l.policy);
+    if (l.has_hi) bulk_copy(dst + U * 512, src_hi + (size_t)kb0 * 512, bytes, &bar[s], l.policy);
+  };
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < ST; ++s) issue(s, kb_begin + s * U);
+  }
+
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+  // Scales and zeros are read by this warp alone (one 32-byte sector per tile and group), so
+  // they come from DRAM: L2-prefetch them as their stage's weights are requested, and load them
+  // into registers one iteration ahead, so neither latency sits on the critical path.
+  auto prefetch_sz = [&](int kb0) {
+    if (l.g != 0) return;  // one lane per run is enough: a sector holds the tile's 16 rows
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kb = kb0 + u;
+      if (kb >= l.kb_end) break;
+      const int grp = group_of_run(4u * kb + l.t, a);
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a.scales + (size_t)grp * a.N + l.row_lo));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a.qzeros + (size_t)grp * l.words_n + 2 * l.tile));
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < ST; ++s) prefetch_sz(kb_begin + s * U);
+  Block b[U];
+  load_blocks_sz<U>(b, kb_begin, a, l);
+  for (int it = 0;; ++it) {
+    const int kb0 = kb_begin + it * U;
+    if (kb0 >= l.kb_end) break;
+    const int s = it % ST;
+    uint4 xv[U][4];
+    load_x<U>(xv, kb0, a, l);
+    Block nb[U];
+    load_blocks_sz<U>(nb, kb0 + U, a, l);  // next iteration's scales and zeros
+    mbar_wait(&bar[s], (it / ST) & 1);
+    const uint8_t* stage = buf + s * U * 1024;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      b[u].lo = *reinterpret_cast<const uint4*>(stage + u * 512 + lane * 16);
+      b[u].hi = l.has_hi ? *reinterpret_cast<const uint4*>(stage + U * 512 + u * 512 + lane * 16)
+                         : make_uint4(0, 0, 0, 0);
+    }
+    __syncwarp();  // every lane has read stage s
+    if (lane == 0) {
+      // order the generic-proxy reads above before the copy engine overwrites the stage
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      issue(s, kb0 + ST * U);
+    }
+    prefetch_sz(kb0 + ST * U);
+    compute_blocks<U>(b, xv, kb0, l, acc0, acc1);
+#pragma unroll
+    for (int u = 0; u < U; ++u) b[u] = nb[u];
+  }
+  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+#endif
+}
+
+using KernelFn = void (*)(const Args);
+
+// variant -> kernel; 0 is the default (the fastest measured, docs/kernels.md ## GEMV)
+// (register variants: U k-blocks per stage, register double buffer, most warps per block: 8 lets
+// a thread use up to 255 registers, 16 caps it at 128; bulk variants: U k-blocks per stage, ST
+// stages of shared memory per warp)
+struct Variant {
+  KernelFn fn;
+  int max_warps;
+  int smem_per_warp;  // dynamic shared memory bytes per warp
+};
+Variant kernel_for(int variant) {
+  switch (variant) {
+    case 1: return {gemv_w4a16_kernel<4, true, 8>, 8, 512};
+    case 2: return {gemv_w4a16_kernel<2, true, 16>, 16, 512};
+    case 3: return {gemv_w4a16_kernel<1, true, 16>, 16, 512};
+    case 4: return {gemv_w4a16_kernel<2, false, 16>, 16, 512};
+    case 5: return {gemv_w4a16_kernel<4, false, 8>, 8, 512};
+    case 6: return {gemv_w4a16_bulk_kernel<2, 4>, 16, 512 + 2 * 4 * 1024};
+    case 7: return {gemv_w4a16_bulk_kernel<2, 6>, 16, 512 + 2 * 6 * 1024};
+    case 8: return {gemv_w4a16_bulk_kernel<1, 8>, 16, 512 + 1 * 8 * 1024};
+    case 9: return {gemv_w4a16_lean_kernel<2, 16>, 16, 512};
+    case 10: return {gemv_w4a16_lean_kernel<4, 8>, 8, 512};
+    case 11: return {gemv_w4a16_lean_kernel<1, 16>, 16, 512};
+    case 12: return {gemv_w4a16_lean_kernel<4, 16>, 16, 512};
+    case 13: return {gemv_w4a16_lean_kernel<1, 16, true>, 16, 512};
+    case 14: return {gemv_w4a16_lean_kernel<2, 16, true>, 16, 512};
+    case 15: return {gemv_w4a16_lean_kernel<1, 16, true, 2>, 16, 512};
+    default: return {gemv_w4a16_lean_kernel<1, 16, true, 2>, 16, 512};
+  }
+}
+constexpr int kVariants = 16;
+
+// Warps per 16-row tile: the largest power of two (<= 16, <= k-blocks) such that all blocks are
+// resident at once (one wave), from the occupancy of this kernel at that block size.
+int auto_warps(KernelFn fn, int max_warps, int smem_per_warp, int tiles, int kblocks) {
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int best = 1;
+  for (int w = 1; w <= max_warps && w <= kblocks; w *= 2) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, w * 32, w * smem_per_warp) !=
+        cudaSuccess)
+      break;
+    if ((int64_t)tiles <= (int64_t)per_sm * sms) best = w;
+  }
+  return best;
+}
+
+}  // namespace
+
+cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32_t* qzeros,
+                              const void* scales, const void* bias, void* y, int64_t M, int64_t K,
+                              int64_t N, int64_t G, int splits, int variant,
+                              cudaStream_t stream) {
+  if (M < 1 || M > kMaxM || K < 8 || K % 8 || N < 8 || N % 8 || G < 1 || K % G ||
+      (G % 32 && G != K) || K >= (int64_t{1} << 21) || N >= (int64_t{1} << 31) || splits < 0 ||
+      splits > kMaxWarps || variant < 0 || variant >= kVariants) {
+    return cudaErrorInvalidValue;
+  }
+  const int groups = static_cast<int>(K / G);
+  // group of a 32-k run r: r / (G/32). G/32 < 2^16 and r < 2^16, so r * m >> 32 with
+  // m = floor(2^32 / d) + 1 is the exact quotient (the error term r * (m d - 2^32) < 2^32).
+  const int runs_per_group = G % 32 == 0 ? static_cast<int>(G / 32) : 1;
+  const uint32_t magic =
+      runs_per_group > 1 ? static_cast<uint32_t>((uint64_t{1} << 32) / runs_per_group + 1) : 0u;
+  const int kblocks = static_cast<int>((K + 127) / 128);
+  const int tiles = static_cast<int>((N + 15) / 16);
+
+  const Variant v = kernel_for(variant);
+  if (splits > v.max_warps) return cudaErrorInvalidValue;
+  if (variant >= 6 && variant <= 8) {
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (major < 9) return cudaErrorNotSupported;
+  }
+  const KernelFn fn = v.fn;
+  if (v.smem_per_warp * v.max_warps > 48 * 1024) {
+    // above 48 KB a kernel must opt in; the largest block this variant can launch
+    const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               v.smem_per_warp * v.max_warps);
+    if (e != cudaSuccess) return e;
+  }
+  int warps = splits > 0 ? splits : auto_warps(fn, v.max_warps, v.smem_per_warp, tiles, kblocks);
+  warps = warps > kblocks ? kblocks : warps;
+  const int kb_per_warp = (kblocks + warps - 1) / warps;
+  warps = (kblocks + kb_per_warp - 1) / kb_per_warp;  // no idle warps
+
+  Args a;
+  a.x = static_cast<const __half*>(x);
+  a.qweight = reinterpret_cast<const uint4*>(qweight);
+  a.qzeros = reinterpret_cast<const uint32_t*>(qzeros);
+  a.scales = static_cast<const __half*>(scales);
+  a.bias = static_cast<const __half*>(bias);
+  a.y = static_cast<__half*>(y);
+  a.M = static_cast<int>(M);
+  a.K = static_cast<int>(K);
+  a.N = static_cast<int>(N);
+  a.groups = groups;
+  a.runs_per_group = runs_per_group;
+  a.group_magic = magic;
+  a.kblocks = kblocks;
+  a.kb_per_warp = kb_per_warp;
+  fn<<<tiles, warps * 32, (size_t)warps * v.smem_per_warp, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace w4
