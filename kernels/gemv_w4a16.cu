@@ -178,12 +178,6 @@ __device__ __forceinline__ void load_sz(Block& b, int kb, const Args& a, const L
 }
 
 template <int U>
-__device__ __forceinline__ void load_blocks_sz(Block (&b)[U], int kb0, const Args& a, const Lane& l) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) load_sz(b[u], kb0 + u, a, l);
-}
-
-template <int U>
 __device__ __forceinline__ void load_blocks(Block (&b)[U], int kb0, const Args& a, const Lane& l) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -292,44 +286,6 @@ __device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int l
   }
 }
 
-// Register-staged variants. kPipe: the next U k-blocks' weights are requested before the current
-// U are computed (register double buffer), so loads stay in flight through the compute phase.
-template <int U, bool kPipe, int kWarpsCap>
-__global__ void __launch_bounds__(kWarpsCap * 32) gemv_w4a16_kernel(const Args a) {
-  extern __shared__ __align__(128) uint8_t dsmem[];  // [warps][4][32] float partial tiles
-  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const Lane l = make_lane(a, lane, warp);
-  const int kb_begin = warp * a.kb_per_warp;
-  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
-  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
-
-  if constexpr (kPipe) {
-    Block b0[U], b1[U];
-    load_blocks<U>(b0, kb_begin, a, l);
-    for (int kb0 = kb_begin; kb0 < l.kb_end; kb0 += 2 * U) {
-      load_blocks<U>(b1, kb0 + U, a, l);
-      uint4 xv[U][4];
-      load_x<U>(xv, kb0, a, l);
-      compute_blocks<U>(b0, xv, kb0, l, acc0, acc1);
-      if (kb0 + U >= l.kb_end) break;
-      load_blocks<U>(b0, kb0 + 2 * U, a, l);
-      load_x<U>(xv, kb0 + U, a, l);
-      compute_blocks<U>(b1, xv, kb0 + U, l, acc0, acc1);
-    }
-  } else {
-    for (int kb0 = kb_begin; kb0 < l.kb_end; kb0 += U) {
-      Block b[U];
-      uint4 xv[U][4];
-      load_blocks<U>(b, kb0, a, l);
-      load_x<U>(xv, kb0, a, l);
-      compute_blocks<U>(b, xv, kb0, l, acc0, acc1);
-    }
-  }
-  reduce_store(a, l, lane, warp, acc0, acc1, partial);
-}
-
 // Lean variant: the same work with the addressing hoisted out of the loop. The k-blocks that lie
 // wholly inside K are walked U at a time with running pointers and no bounds checks (only the
 // lane-constant "rows g+8 exist" and "column g < M" predicates); the rest (at most one partial
@@ -396,175 +352,194 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
   reduce_store(a, l, lane, warp, acc0, acc1, partial);
 }
 
-// ---- bulk-copy variant -------------------------------------------------------------------------
-// The weights go global -> shared memory through the copy engine (cp.async.bulk, 1-D: a warp's
-// k-range of one 8-row tile is contiguous, U * 512 bytes per stage), ST stages per warp, each
-// completing on its own mbarrier. Lane 0 refills a stage as soon as the warp has read it into
-// registers, so (ST - 1) * U KB per warp stay in flight without costing registers: the register
-// variants above are limited by how many 16-byte loads a thread can keep outstanding.
+// ---- cp.async ring (the default) ---------------------------------------------------------------
+// Each warp keeps ST k-blocks in flight without spending registers on them: lane L copies its own
+// 16 bytes of rows g and g+8 (cp.async.cg, L2 evict-first) and the four 32-bit words holding its
+// scales and zeros (cp.async.ca) into a lane-private slot of a per-warp ring in shared memory, ST
+// k-blocks ahead of the one it computes. Every slot is written and read by the same thread, so
+// cp.async.wait_group alone orders the copy before the read: no barrier, no proxy fence. The
+// scale/zero reads (DRAM reads, one sector per tile and group) ride in the same pipeline instead
+// of sitting on the critical path (what made the bulk-copy experiment slow). Works on sm_80+.
+//
+// Ring layout (dynamic shared memory after the [warps][4][32] float partial tiles):
+//   [warp][stage][part][lane] uint4, part 0 = row g words, 1 = row g+8 words,
+//   2 = {scale word of row g, scale word of row g+8, zero word of row g, zero word of row g+8}
+//   (a scale word is the aligned 32-bit word holding the row's fp16 scale: rows g and g+8 have
+//   the same parity, so one shift extracts both).
+constexpr int kRingStageBytes = 3 * 512;  // per warp and stage
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-
-// Lane 0: announce `bytes` of copy-engine traffic on this phase, then start the copies.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
+__device__ __forceinline__ void cp_async16_evict_first(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "l"(policy)
                : "memory");
 }
 
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                          uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4;\n" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-template <int U, int ST>
-__global__ void __launch_bounds__(kMaxWarps * 32) gemv_w4a16_bulk_kernel(const Args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // never launched below sm_90 (the launcher refuses); bulk copies need Hopper
-#else
-  __shared__ uint64_t bars[kMaxWarps][ST];
-  // [warps][4][32] float partial tiles, then [warps][ST][lo U*512 | hi U*512] weight stages
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// One k-block with the scale applied after the mma (kPost): the tensor cores sum (q - z) * x,
+// exact small integers times fp16 activations, into t (fp32), and the lane scales its 4 sums once:
+// acc += s * t. Valid when the whole 128-k block lies in one group (G % 128 == 0 or one group):
+// one mma's 16 k come from the 4 lanes t = 0..3, i.e. from 4 different 32-k runs.
+// Saves the 4 mul.rn.f16x2 per word (32 of the 112 essential instructions per k-block) for 4 fma.
+__device__ __forceinline__ void compute_one_post(const uint4& lo, const uint4& hi, uint32_t z,
+                                                 const uint4 (&xv)[4], float s_lo, float s_hi,
+                                                 float (&acc)[4]) {
+  const ZeroF16x8 zlo = row_zero(z & 0xF);
+  const ZeroF16x8 zhi = row_zero(z >> 4);
+  const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
+  const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
+  float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t dl[4], dh[4];
+    u4x8_minus_zero_f16x8(wl[j], zlo, dl);  // exact q - z in -15..15
+    u4x8_minus_zero_f16x8(wh[j], zhi, dh);
+    mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv[j].x, xv[j].y);
+    mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv[j].z, xv[j].w);
+  }
+  acc[0] = fmaf(s_lo, t[0], acc[0]);
+  acc[1] = fmaf(s_lo, t[1], acc[1]);
+  acc[2] = fmaf(s_hi, t[2], acc[2]);
+  acc[3] = fmaf(s_hi, t[3], acc[3]);
+}
+
+template <int ST, int kWarpsCap, int kMinBlocks, bool kPost>
+__global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_async_kernel(const Args a) {
   extern __shared__ __align__(128) uint8_t dsmem[];
   auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
-  uint8_t* wsmem = dsmem + (size_t)(blockDim.x >> 5) * 512;
-
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
   const Lane l = make_lane(a, lane, warp);
-  const int kb_begin = warp * a.kb_per_warp;
-  uint8_t* buf = wsmem + (size_t)warp * ST * U * 1024;
-  uint64_t* bar = bars[warp];
-  const char* src_lo = reinterpret_cast<const char*>(a.qweight) + (size_t)(2 * l.tile) * a.kblocks * 512;
-  const char* src_hi = src_lo + (size_t)a.kblocks * 512;
-
-  if (lane == 0) {
-#pragma unroll
-    for (int s = 0; s < ST; ++s) mbar_init(&bar[s], 1);
-    // make the initialised barriers visible to the copy engine (async proxy)
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncwarp();
-
-  // Lane 0 only: fill stage s with k-blocks [kb0, kb0 + U) (clipped to the warp's range).
-  auto issue = [&](int s, int kb0) {
-    if (kb0 >= l.kb_end) return;
-    const uint32_t n = min(U, l.kb_end - kb0);
-    const uint32_t bytes = n * 512;
-    mbar_expect_tx(&bar[s], l.has_hi ? 2 * bytes : bytes);
-    uint8_t* dst = buf + s * U * 1024;
-    bulk_copy(dst, src_lo + (size_t)kb0 * 512, bytes, &bar[s], l.policy);
-    if (l.has_hi) bulk_copy(dst + U * 512, src_hi + (size_t)kb0 * 512, bytes, &bar[s], l.policy);
-  };
-  if (lane == 0) {
-#pragma unroll
-    for (int s = 0; s < ST; ++s) issue(s, kb_begin + s * U);
-  }
-
+  int kb = warp * a.kb_per_warp;
+  const int kb_main_end = min(l.kb_end, a.K >> 7);  // k-blocks with all 128 k < K
   float acc0[4] = {0.f, 0.f, 0.f, 0.f};
   float acc1[4] = {0.f, 0.f, 0.f, 0.f};
-  // Scales and zeros are read by this warp alone (one 32-byte sector per tile and group), so
-  // they come from DRAM: L2-prefetch them as their stage's weights are requested, and load them
-  // into registers one iteration ahead, so neither latency sits on the critical path.
-  auto prefetch_sz = [&](int kb0) {
-    if (l.g != 0) return;  // one lane per run is enough: a sector holds the tile's 16 rows
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kb = kb0 + u;
-      if (kb >= l.kb_end) break;
-      const int grp = group_of_run(4u * kb + l.t, a);
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a.scales + (size_t)grp * a.N + l.row_lo));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a.qzeros + (size_t)grp * l.words_n + 2 * l.tile));
+
+  const uint32_t ring = smem_addr(dsmem + warps * 512) + (uint32_t)(warp * ST * kRingStageBytes + lane * 16);
+  const uint32_t ring_end = ring + ST * kRingStageBytes;
+  // issue stream (running pointers); a half-empty last tile re-reads rows g as rows g+8 (never stored)
+  const uint4* pw = l.wlo + (size_t)kb * 32;
+  const size_t hi_off = l.has_hi ? (size_t)a.kblocks * 32 : 0;
+  const uint32_t* sw = reinterpret_cast<const uint32_t*>(a.scales) + (l.row_lo >> 1);
+  const int sw_hi = l.has_hi ? 4 : 0;  // row g+8's scale word: 8 fp16 = 4 words further
+  const uint32_t* zp = a.qzeros + 2 * l.tile;
+  const int z_hi = l.has_hi ? 1 : 0;
+  const int s_shift = 16 * (l.row_lo & 1);
+  int kbi = kb;           // next k-block to request
+  uint32_t wr = ring;     // its slot
+  auto issue = [&]() {
+    if (kbi < kb_main_end) {
+      cp_async16_evict_first(wr, pw, l.policy);
+      cp_async16_evict_first(wr + 512, pw + hi_off, l.policy);
+      const int grp = group_of_run(4u * kbi + l.t, a);
+      const uint32_t* srow = sw + (size_t)grp * (a.N >> 1);
+      const uint32_t* zrow = zp + (size_t)grp * l.words_n;
+      cp_async4(wr + 1024, srow);
+      cp_async4(wr + 1028, srow + sw_hi);
+      cp_async4(wr + 1032, zrow);
+      cp_async4(wr + 1036, zrow + z_hi);
     }
+    cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
+    ++kbi;
+    pw += 32;
+    wr += kRingStageBytes;
+    if (wr == ring_end) wr = ring;
   };
 #pragma unroll
-  for (int s = 0; s < ST; ++s) prefetch_sz(kb_begin + s * U);
-  Block b[U];
-  load_blocks_sz<U>(b, kb_begin, a, l);
-  for (int it = 0;; ++it) {
-    const int kb0 = kb_begin + it * U;
-    if (kb0 >= l.kb_end) break;
-    const int s = it % ST;
-    uint4 xv[U][4];
-    load_x<U>(xv, kb0, a, l);
-    Block nb[U];
-    load_blocks_sz<U>(nb, kb0 + U, a, l);  // next iteration's scales and zeros
-    mbar_wait(&bar[s], (it / ST) & 1);
-    const uint8_t* stage = buf + s * U * 1024;
+  for (int s = 0; s < ST - 1; ++s) issue();
+
+  const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
+  uint4 xv[4];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      b[u].lo = *reinterpret_cast<const uint4*>(stage + u * 512 + lane * 16);
-      b[u].hi = l.has_hi ? *reinterpret_cast<const uint4*>(stage + U * 512 + u * 512 + lane * 16)
-                         : make_uint4(0, 0, 0, 0);
-    }
-    __syncwarp();  // every lane has read stage s
-    if (lane == 0) {
-      // order the generic-proxy reads above before the copy engine overwrites the stage
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      issue(s, kb0 + ST * U);
-    }
-    prefetch_sz(kb0 + ST * U);
-    compute_blocks<U>(b, xv, kb0, l, acc0, acc1);
+  for (int j = 0; j < 4; ++j) xv[j] = make_uint4(0, 0, 0, 0);  // columns g >= M stay zero
+  uint32_t rd = ring;
+  for (; kb < kb_main_end; ++kb) {
+    issue();  // k-block kb + ST - 1 into the slot read one iteration ago
+    if (l.has_x) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) b[u] = nb[u];
+      for (int j = 0; j < 4; ++j) xv[j] = __ldg(px + j);
+    }
+    px += 16;
+    cp_async_wait<ST - 1>();  // this lane's copies of k-block kb have landed
+    const uint4 lo = lds128(rd);
+    const uint4 hi = lds128(rd + 512);
+    const uint4 sz = lds128(rd + 1024);
+    rd += kRingStageBytes;
+    if (rd == ring_end) rd = ring;
+    const uint32_t z = ((sz.z >> l.zshift) & 0xF) | (((sz.w >> l.zshift) & 0xF) << 4);
+    if constexpr (kPost) {
+      const float s_lo = __half2float(__ushort_as_half((unsigned short)(sz.x >> s_shift)));
+      const float s_hi = __half2float(__ushort_as_half((unsigned short)(sz.y >> s_shift)));
+      compute_one_post(lo, hi, z, xv, s_lo, s_hi, acc0);
+    } else {
+      const uint32_t s = ((sz.x >> s_shift) & 0xFFFFu) | ((sz.y >> s_shift) << 16);
+      compute_one(lo, hi, s, z, xv, acc0, acc1);
+    }
+  }
+  cp_async_wait<0>();
+  for (; kb < l.kb_end; ++kb) {  // the partial k-block (K % 128 != 0): checked path
+    Block b[1];
+    uint4 xc[1][4];
+    load_blocks<1>(b, kb, a, l);
+    load_x<1>(xc, kb, a, l);
+    compute_blocks<1>(b, xc, kb, l, acc0, acc1);
   }
   reduce_store(a, l, lane, warp, acc0, acc1, partial);
-#endif
 }
 
 using KernelFn = void (*)(const Args);
 
-// variant -> kernel; 0 is the default (the fastest measured, docs/kernels.md ## GEMV)
-// (register variants: U k-blocks per stage, register double buffer, most warps per block: 8 lets
-// a thread use up to 255 registers, 16 caps it at 128; bulk variants: U k-blocks per stage, ST
-// stages of shared memory per warp)
+// variant -> kernel (0 = the default, the fastest measured: docs/kernels.md ## GEMV).
+//   1: lean register kernel (no smem staging, per-weight scale; the previous default)
+//   2: cp.async ring, 4 stages, 16 warps, 64 registers (2 blocks/SM), scale after the mma
+//   3: as 2 with the per-weight scale always (isolates the post-mma scale)
+//   4: as 2 with 3 stages        5: as 2 with 6 stages
+// The post-mma scale needs every 128-k block in one group (G % 128 == 0 or one group); otherwise
+// the per-weight path of the same kernel runs.
 struct Variant {
   KernelFn fn;
   int max_warps;
   int smem_per_warp;  // dynamic shared memory bytes per warp
 };
-Variant kernel_for(int variant) {
+template <int ST, int W, int B>
+Variant async_variant(bool post) {
+  return {post ? gemv_w4a16_async_kernel<ST, W, B, true> : gemv_w4a16_async_kernel<ST, W, B, false>, W,
+          512 + ST * kRingStageBytes};
+}
+Variant kernel_for(int variant, bool post) {
   switch (variant) {
-    case 1: return {gemv_w4a16_kernel<4, true, 8>, 8, 512};
-    case 2: return {gemv_w4a16_kernel<2, true, 16>, 16, 512};
-    case 3: return {gemv_w4a16_kernel<1, true, 16>, 16, 512};
-    case 4: return {gemv_w4a16_kernel<2, false, 16>, 16, 512};
-    case 5: return {gemv_w4a16_kernel<4, false, 8>, 8, 512};
-    case 6: return {gemv_w4a16_bulk_kernel<2, 4>, 16, 512 + 2 * 4 * 1024};
-    case 7: return {gemv_w4a16_bulk_kernel<2, 6>, 16, 512 + 2 * 6 * 1024};
-    case 8: return {gemv_w4a16_bulk_kernel<1, 8>, 16, 512 + 1 * 8 * 1024};
-    case 9: return {gemv_w4a16_lean_kernel<2, 16>, 16, 512};
-    case 10: return {gemv_w4a16_lean_kernel<4, 8>, 8, 512};
-    case 11: return {gemv_w4a16_lean_kernel<1, 16>, 16, 512};
-    case 12: return {gemv_w4a16_lean_kernel<4, 16>, 16, 512};
-    case 13: return {gemv_w4a16_lean_kernel<1, 16, true>, 16, 512};
-    case 14: return {gemv_w4a16_lean_kernel<2, 16, true>, 16, 512};
-    case 15: return {gemv_w4a16_lean_kernel<1, 16, true, 2>, 16, 512};
-    default: return {gemv_w4a16_lean_kernel<1, 16, true, 2>, 16, 512};
+    case 1: return {gemv_w4a16_lean_kernel<1, 16, true, 2>, 16, 512};
+    case 3: return async_variant<4, 16, 2>(false);
+    case 4: return async_variant<3, 16, 2>(post);
+    case 5: return async_variant<6, 16, 2>(post);
+    case 2:
+    default: return async_variant<4, 16, 2>(post);
   }
 }
-constexpr int kVariants = 16;
+constexpr int kVariants = 6;
 
 // Warps per 16-row tile: the largest power of two (<= 16, <= k-blocks) such that all blocks are
 // resident at once (one wave), from the occupancy of this kernel at that block size.
@@ -603,14 +578,12 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int tiles = static_cast<int>((N + 15) / 16);
 
-  const Variant v = kernel_for(variant);
+  // scale after the mma: every 128-k block in one group; the ring's scale words need 4-byte
+  // aligned scales (always true for a fresh tensor; a view at an odd offset takes variant 1)
+  const bool post = groups == 1 || G % 128 == 0;
+  if (reinterpret_cast<uintptr_t>(scales) % 4) variant = 1;
+  const Variant v = kernel_for(variant, post);
   if (splits > v.max_warps) return cudaErrorInvalidValue;
-  if (variant >= 6 && variant <= 8) {
-    int device = 0, major = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (major < 9) return cudaErrorNotSupported;
-  }
   const KernelFn fn = v.fn;
   if (v.smem_per_warp * v.max_warps > 48 * 1024) {
     // above 48 KB a kernel must opt in; the largest block this variant can launch

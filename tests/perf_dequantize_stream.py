@@ -3,18 +3,20 @@ Llama-7B-shaped AWQ checkpoint (32 layers, hidden 4096, intermediate 11008, voca
 
     make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR] [--device cuda]
 
-Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream; needs ~20 GB free), then runs the installed
-`w4 dequantize --max-shard-size 500MB` in a child process and reports its peak RSS (getrusage of
-the child) and MB/s written, beside the time a plain `cp` of the output takes (the disk's pace).
+Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream; needs ~35 GB free), then
+runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and reports its peak
+RSS (that child's own, from wait4) and MB/s written, beside the time a plain `cp` of the output
+takes (the disk's pace).
 """
 
 from __future__ import annotations
 
 import json
-import resource
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,21 +106,26 @@ def main() -> None:
     options = parser.parse_args()
     device, work = options.device, Path(options.workdir)
     src, out, copy = work / "awq-7b", work / "dense", work / "dense-copy"
-    # built in a child: getrusage(RUSAGE_CHILDREN) would otherwise count this process's own
-    # peak, which a forked child inherits, against w4
+    # built in a child, so the tensors it generates never inflate this process
     subprocess.run([sys.executable, __file__, "--build", str(src)], check=True)
     for path in (out, copy):
         shutil.rmtree(path, ignore_errors=True)
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json"],
-        capture_output=True, text=True,
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode:
-        sys.exit(proc.stderr)
-    summary = json.loads(proc.stdout)
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json"],
+            stdout=stdout, stderr=stderr, text=True,
+        )
+        # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would also count the build child)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - start
+        stdout.seek(0)
+        stderr.seek(0)
+        if proc.returncode:
+            sys.exit(stderr.read())
+        summary = json.loads(stdout.read())
+    peak_mb = usage.ru_maxrss / 1024
     start = time.perf_counter()
     subprocess.run(["cp", "-r", str(out), str(copy)], check=True)
     subprocess.run(["sync"], check=True)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.awq_builder import Checkpoint, random_layer, small_model
+from tests.awq_builder import Checkpoint, random_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -16,22 +16,37 @@ def read_all(directory):
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_cuda_and_cpu_outputs_are_byte_identical(tmp_path, w4, dtype):
-    ckpt = small_model(seed=21, bias=True)
-    # a real layer shape, a one-group layer and activation scales folded on the GPU path too
-    ckpt.layers.append(random_layer("model.layers.1.mlp.down_proj", 4096, 512, 128, seed=22))
-    ckpt.layers.append(random_layer("gpt.h.0.mlp.dense_4h_to_h", 256, 64, 256, seed=23))
-    ckpt.layers.append(random_layer("gpt.h.0.mlp.dense_h_to_4h", 64, 256, 32, seed=24))
-    ckpt.plain["gpt.h.0.mlp.act.scales"] = (torch.rand(256) + 0.5).half()
-    names = list(ckpt.all_tensors())
-    src = ckpt.write(tmp_path / "src", shards={"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]})
-    cpu = w4("dequantize", src, tmp_path / "cpu", "--device", "cpu", "--dtype", dtype, "--max-shard-size", "1MB", "--json")
-    gpu = w4("dequantize", src, tmp_path / "gpu", "--device", "cuda", "--dtype", dtype, "--max-shard-size", "1MB", "--json")
+def gpu_and_cpu(tmp_path, w4, src, dtype):
+    args = ("--dtype", dtype, "--max-shard-size", "1MB", "--json")
+    cpu = w4("dequantize", src, tmp_path / f"cpu-{dtype}", "--device", "cpu", *args)
+    gpu = w4("dequantize", src, tmp_path / f"gpu-{dtype}", "--device", "cuda", *args)
     assert cpu.exit_code == 0, cpu.stderr
     assert gpu.exit_code == 0, gpu.stderr
     assert json.loads(gpu.stdout)["device"] == "cuda"
-    assert read_all(tmp_path / "cpu") == read_all(tmp_path / "gpu")
+    return read_all(tmp_path / f"cpu-{dtype}"), read_all(tmp_path / f"gpu-{dtype}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cuda_and_cpu_outputs_are_byte_identical(tmp_path, w4, dtype):
+    # a real layer shape, odd widths, a bias, and activation scales folded on the GPU path too
+    layers = [
+        random_layer("model.layers.0.mlp.up_proj", 128, 40, 128, seed=21, bias=True),
+        random_layer("model.layers.1.mlp.down_proj", 4096, 512, 128, seed=22),
+        random_layer("gpt.h.0.mlp.dense_h_to_4h", 128, 384, 128, seed=23),
+        random_layer("gpt.h.0.mlp.dense_4h_to_h", 384, 136, 128, seed=24),
+    ]
+    plain = {"gpt.h.0.mlp.act.scales": (torch.rand(384) + 0.5).half(), "lm_head.weight": torch.randn(16, 128).half()}
+    ckpt = Checkpoint(layers, plain, group_size=128)
+    names = list(ckpt.all_tensors())
+    src = ckpt.write(tmp_path / "src", shards={"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]})
+    cpu, gpu = gpu_and_cpu(tmp_path, w4, src, dtype)
+    assert cpu == gpu
+
+
+def test_one_group_layers_too(tmp_path, w4):
+    ckpt = Checkpoint([random_layer("m.layers.0.mlp.down_proj", 320, 72, 320, seed=5)], group_size=-1)
+    cpu, gpu = gpu_and_cpu(tmp_path, w4, ckpt.write(tmp_path / "src"), "float16")
+    assert cpu == gpu
 
 
 def test_auto_uses_the_gpu(tmp_path, w4):

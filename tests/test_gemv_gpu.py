@@ -123,10 +123,11 @@ def test_exact_every_split(kernels, splits):
     assert_exact(out, w4_gemv.gemv_reference(x, **layer))
 
 
-@pytest.mark.parametrize("variant", range(16))
-@pytest.mark.parametrize("k,n,m", [(8192, 1032, 1), (2304, 136, 8), (160, 24, 3)])
-def test_exact_every_variant(kernels, variant, k, n, m):
-    layer = make_layer(k, n, 64 if k % 64 == 0 else k, seed=variant + k, exact=True)
+# G = 128 and one group take the scale-after-mma path of the default kernel, G = 64 the per-weight one
+@pytest.mark.parametrize("variant", range(6))
+@pytest.mark.parametrize("k,n,m,g", [(8192, 1032, 1, 128), (8192, 1032, 5, 256), (2304, 136, 8, 64), (160, 24, 3, 160)])
+def test_exact_every_variant(kernels, variant, k, n, m, g):
+    layer = make_layer(k, n, g, seed=variant + k, exact=True)
     x = activations(m, k, seed=variant, exact=True)
     ref = w4_gemv.gemv_reference(x, **layer)
     for splits in (0, 1, 3, 8):
@@ -231,7 +232,7 @@ def test_binding_bias_and_splits_messages(kernels):
     with pytest.raises(RuntimeError, match="splits"):
         kernels.load().gemv_w4(x, qw, qz, s, None, 17, 0)
     with pytest.raises(RuntimeError, match="variant"):
-        kernels.load().gemv_w4(x, qw, qz, s, None, 0, 16)
+        kernels.load().gemv_w4(x, qw, qz, s, None, 0, 6)
 
 
 def test_binding_refuses_group_not_multiple_of_32(kernels):
@@ -242,3 +243,17 @@ def test_binding_refuses_group_not_multiple_of_32(kernels):
     s = torch.ones(2, 8, dtype=torch.float16, device=DEV)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.load().gemv_w4(x, qw, qz, s, None, 0, 0)
+
+
+def test_scales_view_not_4_byte_aligned(kernels):
+    # the cp.async ring reads scales as aligned 32-bit words; a view 2 bytes into its storage
+    # takes the register kernel instead (same result)
+    k, n, g = 1024, 48, 128
+    layer = make_layer(k, n, g, seed=9, exact=True)
+    x = activations(2, k, seed=9, exact=True)
+    store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
+    odd = store[1:].view(k // g, n)
+    odd.copy_(layer["scales"])
+    assert odd.data_ptr() % 4 == 2
+    out = kernels.gemv(x, layer["qweight"], layer["qzeros"], odd)
+    assert_exact(out, w4_gemv.gemv_reference(x, **layer))

@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 
+from w4cli import console
 from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
 from w4cli.checkpoint import FLOAT_CODES
 from w4cli.formats import awq_gemm
+from w4cli.errors import EnvironmentUnavailable
 from w4cli.formats import w4_gemv
 from w4cli.layers import QuantLinear, QuantModel
 from w4cli.quant_config import W4_GEMV
@@ -27,6 +29,39 @@ Dequantizer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], 
 
 def cpu_dequantizer(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return awq_gemm.dequantize(qweight, qzeros, scales, dtype=dtype, transpose=True)
+
+
+def _cuda_dequantizer(kernels) -> Dequantizer:
+    def run(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        out = kernels.dequantize_awq(qweight.cuda(), qzeros.cuda(), scales.cuda(), dtype=dtype, transpose=True)
+        # the output is 4x the input: bring it back into pinned memory (torch's caching host
+        # allocator reuses the blocks), several times faster than a copy into pageable memory
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out)
+        return host
+
+    return run
+
+
+def select_dequantizer(device: str) -> tuple[str, Dequantizer]:
+    """The GPU kernel when asked for or when auto finds it usable; the CPU reference otherwise."""
+    if device == "cpu":
+        return "cpu", cpu_dequantizer
+    from w4cli import kernels
+
+    usable, reason = kernels.available()
+    if usable:
+        try:
+            kernels.load()
+            return "cuda", _cuda_dequantizer(kernels)
+        except EnvironmentUnavailable as exc:
+            if device == "cuda":
+                raise
+            reason = str(exc)
+    elif device == "cuda":
+        raise EnvironmentUnavailable(reason)
+    console.note(f"note: {reason}; dequantizing with the CPU reference (--device cpu silences this)")
+    return "cpu", cpu_dequantizer
 
 
 def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 
 from w4cli import console
 from w4cli.convert import write_checkpoint
-from w4cli.dequantize import DTYPES, Dequantizer, cpu_dequantizer, dense_config, plan_tensors
-from w4cli.errors import EnvironmentUnavailable
+from w4cli.dequantize import DTYPES, dense_config, plan_tensors, select_dequantizer
 from w4cli.options import (
     CacheDirOpt,
     Device,
@@ -34,35 +32,6 @@ Examples:
 """
 
 
-def _cuda_dequantizer(kernels) -> Dequantizer:
-    def run(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        out = kernels.dequantize_awq(qweight.cuda(), qzeros.cuda(), scales.cuda(), dtype=dtype, transpose=True)
-        return out.cpu()
-
-    return run
-
-
-def select_dequantizer(device: Device) -> tuple[str, Dequantizer]:
-    """The GPU kernel when asked for or when auto finds it usable; the CPU reference otherwise."""
-    if device is Device.cpu:
-        return "cpu", cpu_dequantizer
-    from w4cli import kernels
-
-    usable, reason = kernels.available()
-    if usable:
-        try:
-            kernels.load()
-            return "cuda", _cuda_dequantizer(kernels)
-        except EnvironmentUnavailable as exc:
-            if device is Device.cuda:
-                raise
-            reason = str(exc)
-    elif device is Device.cuda:
-        raise EnvironmentUnavailable(reason)
-    console.note(f"note: {reason}; dequantizing with the CPU reference (--device cpu silences this)")
-    return "cpu", cpu_dequantizer
-
-
 @console.boundary
 def dequantize(
     model: ModelArg,
@@ -82,7 +51,7 @@ def dequantize(
     """
     shard_bytes = parse_size(max_shard_size)
     awq = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
-    backend, dequantizer = select_dequantizer(device)
+    backend, dequantizer = select_dequantizer(device.value)
     tensors = plan_tensors(awq, DTYPES[dtype.value], dequantizer)
     report = write_checkpoint(
         awq.checkpoint,
