@@ -111,7 +111,7 @@ def parse_shape(text: str) -> tuple[int, int]:
     """'4096x14336' -> (K=4096, N=14336). Raises UsageError (exit 2) on anything else."""
     m = _SHAPE_RE.match(text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise UsageError(f"--shape '{text}': expected KxN with positive integers, e.g. 4096x14336 (K = in_features)")
+        raise UsageError(f"--shape '{text}' is not KxN with positive integers, e.g. 4096x14336 (K = in_features)")
     return int(m.group(1)), int(m.group(2))
 
 

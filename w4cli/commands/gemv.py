@@ -12,19 +12,9 @@ from w4cli import console
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, InputRefused, UsageError
 from w4cli.formats import w4_gemv
 from w4cli.gemv_check import GemvResult, check_layer, random_awq
+from w4cli.bench.shapes import parse_shape
 from w4cli.options import CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt
 from w4cli.quant_config import W4_GEMV
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    """'KxN' -> (K, N): in_features x out_features."""
-    try:
-        k, n = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise UsageError(f"--shape '{text}' is not KxN (in_features x out_features), e.g. 4096x14336") from None
-    if k <= 0 or n <= 0:
-        raise UsageError(f"--shape '{text}': both sizes must be positive")
-    return k, n
 
 
 def _device(device: Device) -> str:
