@@ -1,11 +1,21 @@
 // gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..8.
 //
-// Computes, for m < M and n < N:
-//   y[m, n] = fp16( sum_k x[m, k] * W16[n, k]  (+ bias[n]) ),  W16[n, k] = fp16((q - z) * s)
-// with W16 bit-identical to w4cli.formats.w4_gemv.dequantize (and awq_gemm.dequantize), every
-// product exact (fp16 x fp16 fits in fp32), sums in fp32 on the tensor cores, one final rounding.
-// The pure-torch oracle is w4cli.formats.w4_gemv.gemv_reference (fp32 result; y = its fp16 cast
-// up to fp32 summation order).
+// Computes, for m < M and n < N, with W[n, k] = (q - z) * s (the AWQ formula):
+//   default (G % 128 == 0 or one group): y[m, n] = fp16( sum_b s[b, n] * sum_{k in block b}
+//       (q - z)[n, k] x[m, k]  (+ bias[n]) ): the tensor cores sum exact products of small integers
+//       (q - z in -15..15, exact in fp16) and fp16 activations in fp32 over each 128-k block, the
+//       block's fp32 sum is scaled once by its group's scale (fp32 fma), one final rounding. The
+//       weight is never rounded to fp16: the result differs from the fp16-weight reference
+//       (w4cli.formats.w4_gemv.gemv_reference) by the weight rounding, |dw| <= 2^-11 |w| per
+//       weight, so |dy| <= 2^-11 sum |x||w| in the worst case (all roundings one way) and about
+//       sqrt(K) 2^-12 |x||w| typically. w4cli/tolerance.py's bound (2^-10 |ref| + 4 K 2^-24
+//       |x|@|W| + 2^-24) holds it: its K term alone covers the worst case for K >= 2048, and the
+//       random tests (K >= 4096) pass with a wide margin. Data whose products and sums are exact
+//       (x in {-1, 0, 1}, power-of-two scales: the exact tests) gives the
+//       reference bit for bit either way.
+//   G = 32 or 64 (a 128-k block spans several groups), or variant 2: the per-weight path,
+//       W16[n, k] = fp16((q - z) * s) bit-identical to w4_gemv.dequantize, products exact, fp32 sums.
+// The pure-torch oracle is w4cli.formats.w4_gemv.gemv_reference (fp32 result from W16).
 //
 // Inputs (K = in_features, N = out_features, G = group size, Kp = K rounded up to 128):
 //   x       [M, K]              fp16, row-major, 16-byte aligned (K % 8 == 0)
@@ -26,8 +36,9 @@
 // 512-byte qweight tiles (rows 0-7 and 8-15); the lane loads the 16 bytes at offset 16L of each:
 // words 4t..4t+3 of rows g and g+8 = k 128b + 32t + [0, 32). Word j (k0 = 128b + 32t + 8j) gives,
 // through int4_convert.cuh's lop3 conversion with the zero point folded into the bias removal, the
-// fp16 pairs d0=(k0, k0+1), d1=(k0+2, k0+3), d2=(k0+4, k0+5), d3=(k0+6, k0+7), scaled by one
-// mul.rn.f16x2 each. The mma only needs A and B to agree on which real k sits in each k-slot, so
+// fp16 pairs d0=(k0, k0+1), d1=(k0+2, k0+3), d2=(k0+4, k0+5), d3=(k0+6, k0+7) of exact q - z
+// (the per-weight path then scales each by one mul.rn.f16x2; the default scales the mma sums).
+// The mma only needs A and B to agree on which real k sits in each k-slot, so
 //     mma 1: a0 = d0(row g), a1 = d0(row g+8), a2 = d1(row g), a3 = d1(row g+8); b = x[g, k0..k0+3]
 //     mma 2: a0 = d2(row g), a1 = d2(row g+8), a2 = d3(row g), a3 = d3(row g+8); b = x[g, k0+4..+7]
 // (slots 2t,2t+1 <-> b0, 2t+8,2t+9 <-> b1, the same real k for every lane with the same t), and
@@ -35,27 +46,22 @@
 // shared-memory staging: the A fragment comes straight out of the conversion.
 //
 // Launch shape: grid = ceil(N/16) blocks (one 16-row tile each), block = S warps (S in 1,2,4,8,16),
-// dynamic shared memory S * 512 B (+ the bulk variants' stages). Warp w reduces k-blocks
+// dynamic shared memory S * 512 B. Warp w reduces k-blocks
 // [w*P, (w+1)*P) of the tile (split-K inside the block). The S partial 16x8 tiles are summed in
 // warp order through shared memory (deterministic: no atomics), bias added in fp32, one fp16
 // rounding. S is the largest power of two for which all ceil(N/16) blocks are resident at once
 // (one wave, from the occupancy API), or `splits` when given.
 //
-// Variants (`variant`; 0 = the default = 15). Measured on an H200, 2026-11-21, M = 1, us
-// (docs/kernels.md ## GEMV has the full tables):
+// Variants (`variant`; 0 = the default = 1). Measured on an H200, 2026-11-21, M = 1, us
+// (docs/kernels.md ## GEMV has the full tables and the experiments that were dropped):
 //                                                   8192x8192  8192x28672  28672x8192
-//   1..5  checked loop, U k-blocks per trip, optional register double buffer (U, pipe):
-//         4 = (2, no)                                  16.8        53.5        51.8
-//   6..8  bulk copies (cp.async.bulk + mbarrier, sm_90): weights staged in shared memory,
-//         ST stages per warp; 6 = (U 2, ST 4)          21.0        69.1        61.2
-//   9..12 lean loop (addressing hoisted, no bounds checks in the main loop), U = 2, 4(8 warps),
-//         1, 4; 11 = (U 1)                             18.1        45.3        56.4
-//   13    lean, unpredicated (U 1)                      17.7        44.2        55.1
-//   15    lean, unpredicated, U 1, registers capped at 64 (two 512-thread blocks per SM)
-//                                                      14.1        43.6        42.1
-//   The register count decides how many warps fit per SM, and with one wave that decides how
-//   many 16-byte loads are in flight: variant 15 is the best on every measured shape.
-//
+//   1  lean loop, unpredicated, 64 registers (two 512-thread blocks per SM), scale after the
+//      mma (172 SASS instructions per k-block and warp)  13.16       40.50       38.73
+//   2  the same with the per-weight scale (188 per k-block; the previous default)
+//                                                        14.12       43.91       42.44
+//   Dropped after measuring: register double buffering, U > 1 k-blocks per trip, bulk copies
+//   (cp.async.bulk + mbarrier) and a per-warp cp.async ring in shared memory (weights, scales and
+//   zeros 3-6 k-blocks ahead): the ring ran at 75-80 us on 8192x28672, whatever the carveout.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
 //   1 <= M <= 8 (larger M: call per 8 rows; the tensor-core tile has 8 columns), N % 8 == 0,
 //   K % 8 == 0, K % G == 0, G % 32 == 0 or G == K, K < 2^21, N < 2^31.
@@ -63,11 +69,10 @@
 //   them, the unpredicated ones re-read rows g), K % 128 != 0 (qweight padded by repack;
 //   activations past K are never read: the partial k-block takes the checked path).
 //   M > 8 is split into launches of 8 rows by w4cli.kernels.gemv (each re-reads the weight).
-// Numerics: W16 exact as above; the tensor cores add exact products in fp32 (their internal
+// Numerics: as above; the tensor cores add exact products in fp32 (their internal
 //   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
 //   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
-// Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); variants 6..8 need
-//   sm_90 (bulk copies; elsewhere they return cudaErrorNotSupported); tuned on sm_90 (H200).
+// Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); tuned on sm_90 (H200).
 // Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: kernels/run_gemv_device.sh.
 
 #include <cuda_fp16.h>
@@ -286,6 +291,33 @@ __device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int l
   }
 }
 
+// One k-block with the scale applied after the mma (kPost): the tensor cores sum (q - z) * x,
+// exact small integers times fp16 activations, into t (fp32), and the lane scales its 4 sums once:
+// acc += s * t. Valid when the whole 128-k block lies in one group (G % 128 == 0 or one group):
+// one mma's 16 k come from the 4 lanes t = 0..3, i.e. from 4 different 32-k runs.
+// Saves the 4 mul.rn.f16x2 per word (32 of the 112 essential instructions per k-block) for 4 fma.
+__device__ __forceinline__ void compute_one_post(const uint4& lo, const uint4& hi, uint32_t z,
+                                                 const uint4 (&xv)[4], float s_lo, float s_hi,
+                                                 float (&acc)[4]) {
+  const ZeroF16x8 zlo = row_zero(z & 0xF);
+  const ZeroF16x8 zhi = row_zero(z >> 4);
+  const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
+  const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
+  float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t dl[4], dh[4];
+    u4x8_minus_zero_f16x8(wl[j], zlo, dl);  // exact q - z in -15..15
+    u4x8_minus_zero_f16x8(wh[j], zhi, dh);
+    mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv[j].x, xv[j].y);
+    mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv[j].z, xv[j].w);
+  }
+  acc[0] = fmaf(s_lo, t[0], acc[0]);
+  acc[1] = fmaf(s_lo, t[1], acc[1]);
+  acc[2] = fmaf(s_hi, t[2], acc[2]);
+  acc[3] = fmaf(s_hi, t[3], acc[3]);
+}
+
 // Lean variant: the same work with the addressing hoisted out of the loop. The k-blocks that lie
 // wholly inside K are walked U at a time with running pointers and no bounds checks (only the
 // lane-constant "rows g+8 exist" and "column g < M" predicates); the rest (at most one partial
@@ -298,7 +330,7 @@ __device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int l
 // (m >= M, n >= N) that are never stored, and the mma keeps columns and rows independent, so the
 // stored outputs are unchanged (the exact tests run every variant). This drops the per-iteration
 // zeroing of the skipped registers. kMinBlocks caps registers through __launch_bounds__.
-template <int U, int kWarpsCap, bool kUnpred = false, int kMinBlocks = 1>
+template <int U, int kWarpsCap, bool kUnpred = false, int kMinBlocks = 1, bool kPost = false>
 __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_kernel(const Args a) {
   extern __shared__ __align__(128) uint8_t dsmem[];
   auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
@@ -340,7 +372,15 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
     pw += U * 32;
     px += U * 16;
 #pragma unroll
-    for (int u = 0; u < U; ++u) compute_one(lo[u], hi[u], sc[u], z[u], xv[u], acc0, acc1);
+    for (int u = 0; u < U; ++u) {
+      if constexpr (kPost) {
+        const float s_lo = __half2float(__ushort_as_half((unsigned short)(sc[u] & 0xFFFFu)));
+        const float s_hi = __half2float(__ushort_as_half((unsigned short)(sc[u] >> 16)));
+        compute_one_post(lo[u], hi[u], z[u], xv[u], s_lo, s_hi, u % 2 ? acc1 : acc0);
+      } else {
+        compute_one(lo[u], hi[u], sc[u], z[u], xv[u], acc0, acc1);
+      }
+    }
   }
   for (; kb < l.kb_end; ++kb) {  // checked tail
     Block b[1];
@@ -352,194 +392,23 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
   reduce_store(a, l, lane, warp, acc0, acc1, partial);
 }
 
-// ---- cp.async ring (the default) ---------------------------------------------------------------
-// Each warp keeps ST k-blocks in flight without spending registers on them: lane L copies its own
-// 16 bytes of rows g and g+8 (cp.async.cg, L2 evict-first) and the four 32-bit words holding its
-// scales and zeros (cp.async.ca) into a lane-private slot of a per-warp ring in shared memory, ST
-// k-blocks ahead of the one it computes. Every slot is written and read by the same thread, so
-// cp.async.wait_group alone orders the copy before the read: no barrier, no proxy fence. The
-// scale/zero reads (DRAM reads, one sector per tile and group) ride in the same pipeline instead
-// of sitting on the critical path (what made the bulk-copy experiment slow). Works on sm_80+.
-//
-// Ring layout (dynamic shared memory after the [warps][4][32] float partial tiles):
-//   [warp][stage][part][lane] uint4, part 0 = row g words, 1 = row g+8 words,
-//   2 = {scale word of row g, scale word of row g+8, zero word of row g, zero word of row g+8}
-//   (a scale word is the aligned 32-bit word holding the row's fp16 scale: rows g and g+8 have
-//   the same parity, so one shift extracts both).
-constexpr int kRingStageBytes = 3 * 512;  // per warp and stage
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16_evict_first(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "l"(policy)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
-// One k-block with the scale applied after the mma (kPost): the tensor cores sum (q - z) * x,
-// exact small integers times fp16 activations, into t (fp32), and the lane scales its 4 sums once:
-// acc += s * t. Valid when the whole 128-k block lies in one group (G % 128 == 0 or one group):
-// one mma's 16 k come from the 4 lanes t = 0..3, i.e. from 4 different 32-k runs.
-// Saves the 4 mul.rn.f16x2 per word (32 of the 112 essential instructions per k-block) for 4 fma.
-__device__ __forceinline__ void compute_one_post(const uint4& lo, const uint4& hi, uint32_t z,
-                                                 const uint4 (&xv)[4], float s_lo, float s_hi,
-                                                 float (&acc)[4]) {
-  const ZeroF16x8 zlo = row_zero(z & 0xF);
-  const ZeroF16x8 zhi = row_zero(z >> 4);
-  const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
-  const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
-  float t[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t dl[4], dh[4];
-    u4x8_minus_zero_f16x8(wl[j], zlo, dl);  // exact q - z in -15..15
-    u4x8_minus_zero_f16x8(wh[j], zhi, dh);
-    mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv[j].x, xv[j].y);
-    mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv[j].z, xv[j].w);
-  }
-  acc[0] = fmaf(s_lo, t[0], acc[0]);
-  acc[1] = fmaf(s_lo, t[1], acc[1]);
-  acc[2] = fmaf(s_hi, t[2], acc[2]);
-  acc[3] = fmaf(s_hi, t[3], acc[3]);
-}
-
-template <int ST, int kWarpsCap, int kMinBlocks, bool kPost>
-__global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_async_kernel(const Args a) {
-  extern __shared__ __align__(128) uint8_t dsmem[];
-  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  const Lane l = make_lane(a, lane, warp);
-  int kb = warp * a.kb_per_warp;
-  const int kb_main_end = min(l.kb_end, a.K >> 7);  // k-blocks with all 128 k < K
-  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
-  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
-
-  const uint32_t ring = smem_addr(dsmem + warps * 512) + (uint32_t)(warp * ST * kRingStageBytes + lane * 16);
-  const uint32_t ring_end = ring + ST * kRingStageBytes;
-  // issue stream (running pointers); a half-empty last tile re-reads rows g as rows g+8 (never stored)
-  const uint4* pw = l.wlo + (size_t)kb * 32;
-  const size_t hi_off = l.has_hi ? (size_t)a.kblocks * 32 : 0;
-  const uint32_t* sw = reinterpret_cast<const uint32_t*>(a.scales) + (l.row_lo >> 1);
-  const int sw_hi = l.has_hi ? 4 : 0;  // row g+8's scale word: 8 fp16 = 4 words further
-  const uint32_t* zp = a.qzeros + 2 * l.tile;
-  const int z_hi = l.has_hi ? 1 : 0;
-  const int s_shift = 16 * (l.row_lo & 1);
-  int kbi = kb;           // next k-block to request
-  uint32_t wr = ring;     // its slot
-  auto issue = [&]() {
-    if (kbi < kb_main_end) {
-      cp_async16_evict_first(wr, pw, l.policy);
-      cp_async16_evict_first(wr + 512, pw + hi_off, l.policy);
-      const int grp = group_of_run(4u * kbi + l.t, a);
-      const uint32_t* srow = sw + (size_t)grp * (a.N >> 1);
-      const uint32_t* zrow = zp + (size_t)grp * l.words_n;
-      cp_async4(wr + 1024, srow);
-      cp_async4(wr + 1028, srow + sw_hi);
-      cp_async4(wr + 1032, zrow);
-      cp_async4(wr + 1036, zrow + z_hi);
-    }
-    cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
-    ++kbi;
-    pw += 32;
-    wr += kRingStageBytes;
-    if (wr == ring_end) wr = ring;
-  };
-#pragma unroll
-  for (int s = 0; s < ST - 1; ++s) issue();
-
-  const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
-  uint4 xv[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) xv[j] = make_uint4(0, 0, 0, 0);  // columns g >= M stay zero
-  uint32_t rd = ring;
-  for (; kb < kb_main_end; ++kb) {
-    issue();  // k-block kb + ST - 1 into the slot read one iteration ago
-    if (l.has_x) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) xv[j] = __ldg(px + j);
-    }
-    px += 16;
-    cp_async_wait<ST - 1>();  // this lane's copies of k-block kb have landed
-    const uint4 lo = lds128(rd);
-    const uint4 hi = lds128(rd + 512);
-    const uint4 sz = lds128(rd + 1024);
-    rd += kRingStageBytes;
-    if (rd == ring_end) rd = ring;
-    const uint32_t z = ((sz.z >> l.zshift) & 0xF) | (((sz.w >> l.zshift) & 0xF) << 4);
-    if constexpr (kPost) {
-      const float s_lo = __half2float(__ushort_as_half((unsigned short)(sz.x >> s_shift)));
-      const float s_hi = __half2float(__ushort_as_half((unsigned short)(sz.y >> s_shift)));
-      compute_one_post(lo, hi, z, xv, s_lo, s_hi, acc0);
-    } else {
-      const uint32_t s = ((sz.x >> s_shift) & 0xFFFFu) | ((sz.y >> s_shift) << 16);
-      compute_one(lo, hi, s, z, xv, acc0, acc1);
-    }
-  }
-  cp_async_wait<0>();
-  for (; kb < l.kb_end; ++kb) {  // the partial k-block (K % 128 != 0): checked path
-    Block b[1];
-    uint4 xc[1][4];
-    load_blocks<1>(b, kb, a, l);
-    load_x<1>(xc, kb, a, l);
-    compute_blocks<1>(b, xc, kb, l, acc0, acc1);
-  }
-  reduce_store(a, l, lane, warp, acc0, acc1, partial);
-}
-
 using KernelFn = void (*)(const Args);
 
-// variant -> kernel (0 = the default, the fastest measured: docs/kernels.md ## GEMV).
-//   1: lean register kernel (no smem staging, per-weight scale; the previous default)
-//   2: cp.async ring, 4 stages, 16 warps, 64 registers (2 blocks/SM), scale after the mma
-//   3: as 2 with the per-weight scale always (isolates the post-mma scale)
-//   4: as 2 with 3 stages        5: as 2 with 6 stages
-// The post-mma scale needs every 128-k block in one group (G % 128 == 0 or one group); otherwise
-// the per-weight path of the same kernel runs.
+// variant -> kernel (0 = the default = 1; docs/kernels.md ## GEMV has the measurements).
+//   1: lean register kernel, scale applied after the mma where G allows (G % 128 == 0 or one
+//      group), else per weight
+//   2: the same kernel with the per-weight scale always (the previous default; kept to measure
+//      the difference and as the bit-faithful-to-W16 path)
 struct Variant {
   KernelFn fn;
   int max_warps;
   int smem_per_warp;  // dynamic shared memory bytes per warp
 };
-template <int ST, int W, int B>
-Variant async_variant(bool post) {
-  return {post ? gemv_w4a16_async_kernel<ST, W, B, true> : gemv_w4a16_async_kernel<ST, W, B, false>, W,
-          512 + ST * kRingStageBytes};
-}
 Variant kernel_for(int variant, bool post) {
-  switch (variant) {
-    case 1: return {gemv_w4a16_lean_kernel<1, 16, true, 2>, 16, 512};
-    case 3: return async_variant<4, 16, 2>(false);
-    case 4: return async_variant<3, 16, 2>(post);
-    case 5: return async_variant<6, 16, 2>(post);
-    case 2:
-    default: return async_variant<4, 16, 2>(post);
-  }
+  if (variant == 2 || !post) return {gemv_w4a16_lean_kernel<1, 16, true, 2, false>, 16, 512};
+  return {gemv_w4a16_lean_kernel<1, 16, true, 2, true>, 16, 512};
 }
-constexpr int kVariants = 6;
+constexpr int kVariants = 3;
 
 // Warps per 16-row tile: the largest power of two (<= 16, <= k-blocks) such that all blocks are
 // resident at once (one wave), from the occupancy of this kernel at that block size.
@@ -578,10 +447,8 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int tiles = static_cast<int>((N + 15) / 16);
 
-  // scale after the mma: every 128-k block in one group; the ring's scale words need 4-byte
-  // aligned scales (always true for a fresh tensor; a view at an odd offset takes variant 1)
+  // scale after the mma: needs every 128-k block inside one group
   const bool post = groups == 1 || G % 128 == 0;
-  if (reinterpret_cast<uintptr_t>(scales) % 4) variant = 1;
   const Variant v = kernel_for(variant, post);
   if (splits > v.max_warps) return cudaErrorInvalidValue;
   const KernelFn fn = v.fn;

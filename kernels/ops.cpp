@@ -201,7 +201,7 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
   TORCH_CHECK(K < (int64_t{1} << 21) && N < (int64_t{1} << 31), msg("gemv: K must be below 2^21 and N "
               "below 2^31, got K=", K, " N=", N));
   TORCH_CHECK(splits >= 0 && splits <= 16, msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
-  TORCH_CHECK(variant >= 0 && variant <= 5, msg("gemv: variant must be 0 (default) .. 5, got ", variant));
+  TORCH_CHECK(variant >= 0 && variant <= 2, msg("gemv: variant must be 0 (default) .. 2, got ", variant));
   gemv_check_aligned16(x, "x");
   gemv_check_aligned16(qweight, "qweight");
   const void* bias_ptr = nullptr;
