@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="first three shapes only")
     ap.add_argument("--splits", action="store_true", help="also sweep the split-K setting at M=1")
     ap.add_argument("--variants", default="", help="comma list of kernel variants to time at M=1 and M=8")
+    ap.add_argument("--no-peers", action="store_true", help="skip fp16 cuBLAS and torch int4 (and the w4 table rows)")
+    ap.add_argument("--variant-m", default="1,8", help="M values for --variants")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     out_dir = Path(args.out)
@@ -134,7 +136,7 @@ def main() -> int:
     shapes = SHAPES[:3] if args.quick else SHAPES
     for k, n in shapes:
         groups = k // G
-        for m in ms:
+        for m in ([] if args.no_peers else ms):
             act = m * k * 2 + m * n * 2
             b_w4 = k * n // 2 + groups * n * 2 + groups * n // 2 + act
             b_16 = k * n * 2 + act
@@ -161,7 +163,7 @@ def main() -> int:
             r = rows[-1]
             print(f"{k}x{n} M={m}: fp16 {r[3]:.2f} int4 {r[4]:.2f} w4 {r[5]:.2f} us ({r[7]:.1f}% copy)", flush=True)
         for var in [int(v) for v in args.variants.split(",") if v]:
-            for m in (1, 8):
+            for m in [int(v) for v in args.variant_m.split(",")]:
                 act = m * k * 2 + m * n * 2
                 try:
                     t = timing.measure(lambda x, q, z, s, var=var: kernels.gemv(x, q, z, s, variant=var),
