@@ -2,7 +2,7 @@
 
 The layout is built for kernels/gemv_w4a16.cu, which feeds the dequantized weight straight into
 tensor-core mma.sync m16n8k16 A fragments (16 output channels x 16 k) while the activations are
-the B operand (8 columns = up to 8 tokens). docs/formats-w4-gemv.md has the full description;
+the B operand (8 columns = up to 8 tokens). docs/formats.md (section w4-gemv) has the full description;
 in short (K = in_features, N = out_features, G = group size, Kp = K rounded up to 128):
 
     qweight [N/8, Kp/128, 8, 16] int32  tiles of 8 output rows x 128 k, each tile row-major:
