@@ -32,8 +32,6 @@ from w4cli.writer import OutputTensor
 
 GROUP = "compare"
 SAFETENSORS_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
-# files a later w4 may add beside a checkpoint (manifest, completeness marker): not loader input
-W4_BOOKKEEPING = {"w4-manifest.json", "COMPLETE"}
 
 
 def _describe(value: Any) -> str:
@@ -151,7 +149,7 @@ def _copied_files(output_root: Path, source: QuantModel, output_names: set[str])
         for path in sorted(output_root.iterdir()):
             name = path.name
             if (path.is_file() and not name.startswith(".") and name not in written and name not in want
-                    and name not in W4_BOOKKEEPING and any(fnmatch(name, p) for p in hub.CHECKPOINT_PATTERNS)):
+                    and any(fnmatch(name, p) for p in hub.CHECKPOINT_PATTERNS)):
                 problems.append(f"{name} is not in SOURCE")
         if problems:
             raise Mismatch(f"{len(problems)} files; {problems[0]}")
