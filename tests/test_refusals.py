@@ -186,21 +186,24 @@ def test_output_inside_the_input(tmp_path, w4):
 
 
 def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypatch):
+    import w4cli.dequantize as dequantize
     import w4cli.writer as writer
 
-    ckpt = small_model()
-    src = ckpt.write(tmp_path / "src")
-    calls = []
-    real_save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
+    src = small_model().write(tmp_path / "src")
+    real = dequantize.cpu_dequantizer
+    written_before_interrupt = []
 
-    def save_then_interrupt(tensors, path, metadata=None):
-        real_save(tensors, path, metadata=metadata)
-        calls.append(path)
-        raise KeyboardInterrupt
+    def dequantize_then_interrupt(*args):
+        if written_before_interrupt:
+            raise KeyboardInterrupt
+        out = real(*args)
+        # the first layer's shard is on disk, in the temporary directory, when Ctrl-C comes
+        written_before_interrupt.extend(tmp_path.glob(f"out{writer.TEMP_MARK}*/model-*.safetensors"))
+        return out
 
-    monkeypatch.setattr("safetensors.torch.save_file", save_then_interrupt)
+    monkeypatch.setattr(dequantize, "cpu_dequantizer", dequantize_then_interrupt)
     result = w4("dequantize", src, tmp_path / "out", "--max-shard-size", "2KB", "--device", "cpu")
-    assert calls, "the interruption must come after a shard was written"
+    assert written_before_interrupt, "the interruption must come after a shard file was started"
     assert result.exit_code == EXIT_INTERRUPTED
     assert "interrupted" in result.stderr
     assert not (tmp_path / "out").exists()

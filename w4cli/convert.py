@@ -1,5 +1,5 @@
 """The one way w4 writes a checkpoint: plan shards from the output tensors' shapes, write them
-one shard at a time into an atomic directory, then config, index and the copied files.
+tensor by tensor into an atomic directory, then config, index and the copied files.
 `w4 dequantize` and `w4 repack` differ only in the tensors and config they hand in.
 """
 

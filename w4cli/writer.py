@@ -2,7 +2,8 @@
 
 The directory is built in a temporary sibling (same filesystem) and renamed into place only once
 every file is written and synced, so an error or Ctrl-C never leaves anything at OUTPUT_DIR that
-looks complete. Peak memory is one output shard plus the inputs of the tensor being produced.
+looks complete. Tensors are streamed into their shard files as they are produced, so peak memory is
+about two output tensors plus the inputs of the one being produced, whatever the shard size.
 """
 
 from __future__ import annotations
@@ -146,48 +147,135 @@ def plan_shards(tensors: list[OutputTensor], max_shard_size: int) -> ShardPlan:
     return ShardPlan(files, index)
 
 
+# torch dtype -> safetensors dtype code
+SAFETENSORS_CODES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+SHARD_METADATA = {"format": "pt"}  # transformers refuses shards without it
+
+
+def safetensors_header(tensors: list[OutputTensor]) -> bytes:
+    """The 8-byte length and JSON header of a safetensors file holding `tensors` in this order:
+    offsets contiguous from 0, header padded with spaces to a multiple of 8 (the format's rules)."""
+    header: dict[str, Any] = {"__metadata__": SHARD_METADATA}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": SAFETENSORS_CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+def _raw_bytes(value: torch.Tensor) -> memoryview:
+    # little-endian, C order: what safetensors stores (x86 and ARM hosts are little-endian)
+    flat = value.contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+class _Writer:
+    """Writes byte chunks on a background thread, in order, so the next tensor is computed while
+    this one goes to disk (file writes release the GIL). At most one chunk waits in the queue,
+    so memory holds about two output tensors, whatever the shard size."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name="w4-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handle, chunk = item
+            if self.error is not None:
+                continue  # drain after a failure; the producer raises it
+            try:
+                start = time.perf_counter()
+                if chunk is None:
+                    handle.close()
+                else:
+                    handle.write(chunk)
+                self.seconds += time.perf_counter() - start
+            except BaseException as exc:  # noqa: BLE001 - handed to the producer thread
+                self.error = exc
+
+    def put(self, handle, chunk) -> None:
+        if self.error is not None:
+            raise self.error
+        self._queue.put((handle, chunk))
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None]) -> tuple[float, float]:
-    """Produce and write every shard; returns (seconds producing tensors, seconds writing files).
-
-    Shard i is written on a background thread while shard i+1 is produced (safetensors releases
-    the GIL while it writes), so a conversion runs at the pace of the slower of the two instead of
-    their sum. At most two shards are in memory: the one being written and the one being built.
-    """
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    producing = writing = 0.0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="w4-writer") as pool:
-        pending: Future[float] | None = None
+    """Produce and write every shard, streaming: a shard's header is known from the plan, so each
+    tensor is written as soon as it is produced and freed right after. Peak memory is about two
+    output tensors (the one being written and the one being computed), not a shard. Every file is
+    read back through the safetensors library afterwards to check its header against the plan.
+    Returns (seconds producing tensors, seconds writing files)."""
+    producing = 0.0
+    writer = _Writer()
+    handles = []
+    try:
         for file, members in plan.files.items():
-            shard = {}
-            start = time.perf_counter()
+            handle = open(directory / file, "wb")
+            handles.append(handle)
+            writer.put(handle, safetensors_header(members))
             for tensor in members:
+                start = time.perf_counter()
                 value = tensor.produce()
                 if tuple(value.shape) != tensor.shape or value.dtype != tensor.dtype:
                     raise AssertionError(
                         f"{tensor.name}: produced {value.dtype}{list(value.shape)}, planned {tensor.dtype}{list(tensor.shape)}"
                     )
-                shard[tensor.name] = value.contiguous()
+                producing += time.perf_counter() - start
+                writer.put(handle, _raw_bytes(value))
+                del value
                 advance(tensor.nbytes)
-            producing += time.perf_counter() - start
-            if pending is not None:
-                writing += pending.result()  # also re-raises a failed write
-            pending = pool.submit(_save_shard, shard, directory / file)
-            del shard
-        if pending is not None:
-            writing += pending.result()
+            writer.put(handle, None)  # close
+        writer.finish()
+    finally:
+        if writer.error is None and writer._thread.is_alive():
+            writer.finish()
+        for handle in handles:
+            handle.close()
+    for file, members in plan.files.items():
+        _check_written(directory / file, members)
     if plan.index is not None:
         write_json(directory / INDEX, plan.index)
-    return producing, writing
+    return producing, writer.seconds
 
 
-def _save_shard(shard: dict[str, torch.Tensor], path: Path) -> float:
-    from safetensors.torch import save_file
+def _check_written(path: Path, members: list[OutputTensor]) -> None:
+    """The safetensors library must read back exactly the planned header (names, dtypes, shapes)."""
+    from safetensors import safe_open
 
-    start = time.perf_counter()
-    # {"format": "pt"}: transformers refuses shards without it
-    save_file(shard, path, metadata={"format": "pt"})
-    return time.perf_counter() - start
+    with safe_open(path, framework="pt", device="cpu") as handle:
+        found = {name: (handle.get_slice(name).get_dtype(), tuple(handle.get_slice(name).get_shape())) for name in handle.keys()}
+        metadata = handle.metadata()
+    planned = {t.name: (SAFETENSORS_CODES[t.dtype], t.shape) for t in members}
+    if found != planned or metadata != SHARD_METADATA:
+        raise AssertionError(f"{path.name}: the written header does not read back as planned")
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
