@@ -106,14 +106,16 @@ def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
 
 
 @contextmanager
-def count_progress(description: str) -> Iterator[Callable[[], None]]:
-    """A Rich spinner with a counter on stderr, for work whose total is not known up front."""
-    from rich.progress import MofNCompleteColumn, SpinnerColumn, TimeElapsedColumn
+def steps(description: str, total: int | None) -> Iterator[Callable[..., None]]:
+    """A counting progress bar on stderr; yields `advance(label="")`: one step done, `label` names
+    the next. total None: a count without a bar end."""
+    from rich.progress import MofNCompleteColumn, TimeElapsedColumn
 
-    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[label]}"), TimeElapsedColumn(), console=stderr, transient=True)
     with progress:
-        task = progress.add_task(description, total=None)
-        yield lambda: progress.advance(task, 1)
+        task = progress.add_task(description, total=total, label="")
+        yield lambda label="": progress.update(task, advance=1, label=label)
 
 
 @contextmanager

@@ -68,11 +68,20 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _render(results: list[GemvResult], device: str) -> None:
-    table = Table(title=f"w4 gemv ({'kernel on ' + device if device == 'cuda' else 'reference only, no kernel'})", title_justify="left")
+    if device != "cuda":
+        # reference only: nothing was checked or timed, so there are no error or time columns
+        table = Table(title="w4 gemv (reference only, no kernel ran)", title_justify="left")
+        for column in ("layer", "K x N", "G", "M"):
+            table.add_column(column, justify="left" if column == "layer" else "right")
+        for r in results:
+            table.add_row(r.layer, f"{r.k}x{r.n}", str(r.group_size), str(r.batch))
+        console.stdout.print(table)
+        return
+    table = Table(title="w4 gemv (kernel on cuda)", title_justify="left")
     for column in ("layer", "K x N", "G", "M", "max abs err", "max rel err", "err / bound", "result", "median us", "GB/s", "% of copy"):
         table.add_column(column, justify="left" if column == "layer" else "right")
     for r in results:
-        verdict = {True: "[green]pass[/]", False: "[bold red]FAIL[/]", None: "reference"}[r.passed]
+        verdict = "[green]pass[/]" if r.passed else "[bold red]FAIL[/]"
         table.add_row(
             r.layer, f"{r.k}x{r.n}", str(r.group_size), str(r.batch),
             _fmt(r.max_abs_err, ".3g"), _fmt(r.max_rel_err, ".3g"), _fmt(r.worst_err_over_bound, ".3f"),
@@ -113,10 +122,10 @@ def gemv(
 
         copy = timing.copy_bandwidth()
     results = []
-    with console.count_progress("gemv") as advance:
+    with console.steps("gemv", None) as advance:
         for i, (name, tensors, bias) in enumerate(layers):
             results.append(check_layer(name, tensors, bias, batch, seed + i, where, time_it, copy))
-            advance()
+            advance(name)
     if as_json:
         console.emit_json({"device": where, "copy_gbps": copy.gbps if copy else None, "layers": [r.as_dict() for r in results]})
     else:

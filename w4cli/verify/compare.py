@@ -26,7 +26,7 @@ from w4cli.repack import check_repackable, repacked_config
 from w4cli.repack import plan_tensors as repack_plan
 from w4cli.source import aux_files, open_quantized
 from w4cli.verify.bits import first_difference
-from w4cli.verify.progress import steps
+from w4cli.console import steps
 from w4cli.verify.report import Mismatch, Report, run_check
 from w4cli.writer import OutputTensor
 

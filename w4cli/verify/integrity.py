@@ -22,7 +22,7 @@ from w4cli.layers import QuantModel, find_layers
 from w4cli.quant_config import W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
 from w4cli.verify.bits import gemv_error, require_identical
 from w4cli.verify.environment import Gpu
-from w4cli.verify.progress import steps
+from w4cli.console import steps
 from w4cli.verify.report import Mismatch, Report, run_check, skip
 
 GROUP = "integrity"

@@ -31,7 +31,7 @@ import torch
 from w4cli.formats import awq_gemm, w4_gemv
 from w4cli.verify.bits import gemv_error, raw_bits, require_identical
 from w4cli.verify.environment import Gpu
-from w4cli.verify.progress import steps
+from w4cli.console import steps
 from w4cli.verify.report import Mismatch, Report, run_check, skip
 
 GROUP = "selftest"
