@@ -120,6 +120,16 @@ def test_through_the_offline_hub_cache(tmp_path, w4):
     assert not any(p.is_symlink() for p in (tmp_path / "out").iterdir())
 
 
+def test_revision_names_a_cached_commit(tmp_path, w4):
+    src = small_model(seed=5).write(tmp_path / "src")
+    commit = install_hub_cache(tmp_path / "hub", "org/tiny-awq", src)
+    result = w4("dequantize", "org/tiny-awq", tmp_path / "out", "--revision", commit, "--cache-dir", tmp_path / "hub", "--device", "cpu")
+    assert result.exit_code == 0, result.stderr
+    missing = w4("dequantize", "org/tiny-awq", tmp_path / "out2", "--revision", "v9", "--cache-dir", tmp_path / "hub")
+    assert missing.exit_code == 1 and "revision 'v9'" in missing.stderr
+    assert not (tmp_path / "out2").exists()
+
+
 def test_standard_cache_via_environment_in_a_real_process(tmp_path):
     """The installed `w4` command, HF_HUB_CACHE and HF_HUB_OFFLINE as a user would set them."""
     src = small_model(seed=6).write(tmp_path / "src")

@@ -207,9 +207,8 @@ def load() -> Any:
             if cached:
                 module = _jit_load(name, build_dir, cuda_flags)
             else:
-                from rich.console import Console
+                from w4cli.console import stderr as console
 
-                console = Console(stderr=True)
                 what = f"Building w4 CUDA kernels for sm_{arch} (first run, about a minute) in {build_dir}"
                 with console.status(what, spinner="dots"):
                     module = _jit_load(name, build_dir, cuda_flags)
