@@ -1,5 +1,5 @@
 """`w4 gemv` without a GPU: the reference-only mode, the exit codes, and the argument checks.
-The kernel itself is checked on a GPU in tests/test_gemv_gpu.py and tests/test_gemv_cli_gpu.py."""
+The kernel itself is checked on a GPU in tests/test_gemv_gpu.py, the command in tests/test_gemv_cli_gpu.py."""
 
 from __future__ import annotations
 

@@ -123,8 +123,8 @@ def test_exact_every_split(kernels, splits):
     assert_exact(out, w4_gemv.gemv_reference(x, **layer))
 
 
-# G = 128, 256 and one group take the scale-after-mma path (variants 0, 1), G = 64 and variant 2 the
-# per-weight one
+# G = 128, 256 and one group with K >= 4096 take the scale-after-mma path (variants 0, 1); G = 64,
+# smaller K and variant 2 the per-weight one
 @pytest.mark.parametrize("variant", range(3))
 @pytest.mark.parametrize("k,n,m,g", [(8192, 1032, 1, 128), (8192, 1032, 5, 256), (2304, 136, 8, 64), (160, 24, 3, 160)])
 def test_exact_every_variant(kernels, variant, k, n, m, g):
@@ -147,6 +147,17 @@ def test_random_real_shapes(kernels, k, n, m):
     bias = torch.randn(n, device=DEV).half() if m == 4 else None
     out = kernels.gemv(x, **layer, bias=bias)
     assert_close(out, x, layer, bias)
+
+
+# small K with G = 128: the scale-after-mma path would skip the weight rounding by more than the
+# tolerance allows here (2^-11 sum |x||w| against 4 K 2^-24 sum |x||w|), so these take the
+# per-weight path; a K = 128 layer failed the bound before that rule
+@pytest.mark.parametrize("k,n", [(128, 64), (1024, 136), (2048, 256), (3968, 72)])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_random_small_k(kernels, k, n, m):
+    layer = make_layer(k, n, 128, seed=k + m, exact=False)
+    x = activations(m, k, seed=m, exact=False)
+    assert_close(kernels.gemv(x, **layer), x, layer)
 
 
 @pytest.mark.parametrize("m", [9, 13, 17])

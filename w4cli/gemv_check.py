@@ -23,12 +23,13 @@ class GemvResult:
     batch: int
     device: str  # "cuda": the kernel ran; "cpu": the reference alone
     max_abs_err: float | None = None
-    max_rel_err: float | None = None
+    rel_err: float | None = None
     worst_err_over_bound: float | None = None
     passed: bool | None = None  # None: nothing was checked (reference only)
     median_us: float | None = None
     gbps: float | None = None
     pct_of_copy: float | None = None
+    cold_l2: bool | None = None  # False: even the largest rotation fits in 4x L2, the time is optimistic
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +90,7 @@ def check_layer(
     out = run(x, on_gpu["qweight"], on_gpu["qzeros"], on_gpu["scales"])
     errors = gemv_errors(out, x, weight, reference(x))
     result.max_abs_err = errors["max_abs_err"]
-    result.max_rel_err = errors["max_rel_err"]
+    result.rel_err = errors["rel_err"]
     result.worst_err_over_bound = errors["worst_err_over_bound"]
     result.passed = errors["passed"]
     if not result.passed or not time_it:
@@ -107,4 +108,5 @@ def check_layer(
 
     measured = timing.measure(run, make, bytes_moved=gemv_bytes(k, n, g, batch), check=check, name=name, copy=copy)
     result.median_us, result.gbps, result.pct_of_copy = measured.median_us, measured.gbps, measured.pct_of_copy
+    result.cold_l2 = measured.working_set_bytes >= 4 * measured.l2_bytes
     return result
