@@ -131,6 +131,7 @@ def measure(
     name: str = "kernel",
     copy: "Timing | float | None" = None,
     warmup: int = 3,
+    warmup_ms: float = 25.0,
     replays: int = 30,
     l2_multiple: float = 4.0,
     min_sets: int = 2,
@@ -143,6 +144,8 @@ def measure(
     check_all_sets) before timing and on the graph's set-0 output after timing.
     bytes_moved: bytes one call must move through device memory, counted by the caller.
     copy: a `copy_bandwidth()` Timing (or its GB/s) measured in the same run, for pct_of_copy.
+    warm-up: at least `warmup` replays and at least `warmup_ms` of them (triton's do_bench default),
+    so the clocks have ramped before the first timed replay whatever the kernel's length.
     """
     first = inputs(0) if callable(inputs) else inputs[0]
     dev = next((a.device for a in first if isinstance(a, torch.Tensor)), None)
@@ -172,7 +175,15 @@ def measure(
             outs = [fn(*args) for args in sets]  # kept alive: every call writes its own buffer
 
         # 3. replay
+        begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         for _ in range(warmup):
+            graph.replay()
+        finish.record()
+        finish.synchronize()
+        warm_ms = begin.elapsed_time(finish)
+        more = math.ceil(warmup * (warmup_ms / warm_ms - 1)) if warm_ms < warmup_ms else 0
+        for _ in range(min(more, 10_000)):
             graph.replay()
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
         for start, end in events:
