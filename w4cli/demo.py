@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -147,4 +146,3 @@ if __name__ == "__main__":
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "demo")
     cache = build(root)
     print(f"built {DEMO_REPO} into the Hub cache {cache}", file=sys.stderr)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
