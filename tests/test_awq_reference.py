@@ -9,6 +9,7 @@ import torch
 
 from tests.awq_builder import autoawq_reference, pack_words, random_layer
 from w4cli.formats import awq_gemm
+from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 
 def full_range_words(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -19,10 +20,6 @@ def full_range_words(rows: int, cols: int, seed: int) -> torch.Tensor:
     flat[:4] = torch.tensor([-(2**31), -1, 0, 2**31 - 1], dtype=torch.int32)
     return words
 
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """Raw bits: +0.0 and -0.0 differ, NaN payloads compare, nothing is rounded."""
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def test_unpack_pack_round_trip_full_int32_range():

@@ -16,10 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from tests.awq_builder import Checkpoint, autoawq_reference, install_hub_cache, random_layer, small_model
+from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def load_output(directory: Path) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from w4cli.formats import awq_gemm
+from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,9 +37,6 @@ def make_layer(K: int, N: int, G: int, seed: int, scale_dtype=torch.float16, dev
     scales[scales == 0] = 0.01  # non-zero scales
     return qweight.to(device), qzeros.to(device), scales.to(device)
 
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32) if t.element_size() == 4 else t.view(torch.int16)
 
 
 def assert_bit_exact(out: torch.Tensor, ref: torch.Tensor) -> None:

@@ -11,10 +11,8 @@ from safetensors.torch import load_file
 from tests.awq_builder import Checkpoint, install_hub_cache, random_layer, small_model
 from tests.test_dequantize_cli import load_output
 from w4cli.errors import EXIT_REFUSED
+from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def test_repack_then_dequantize_is_bit_identical(tmp_path, w4):

@@ -10,6 +10,7 @@ import torch
 from tests.awq_builder import autoawq_reference, random_layer
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm, w4_gemv
+from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 
 def full_range_words(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -32,9 +33,6 @@ def awq_layer(k: int, n: int, group_size: int, seed: int):
     groups = k // group_size
     return full_range_words(k, n // 8, seed), full_range_words(groups, n // 8, seed + 1), random_scales(groups, n, seed + 2)
 
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 # (K, N, G): groups 32/64/128, one group, K not a multiple of 128 (padding), N % 16 == 8

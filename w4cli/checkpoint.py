@@ -80,10 +80,6 @@ class Checkpoint:
     def weight_files(self) -> list[str]:
         return sorted({info.file for info in self.tensors.values()})
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(info.nbytes for info in self.tensors.values())
-
     def read(self, *names: str) -> dict[str, torch.Tensor]:
         """Read the named tensors, opening each shard once and closing it again, so no file stays
         mapped (mapped pages would count towards resident memory)."""

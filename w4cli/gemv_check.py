@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from w4cli.formats import w4_gemv
+from w4cli.formats import awq_gemm, w4_gemv
 from w4cli.tolerance import gemv_errors
 
 
@@ -47,11 +47,8 @@ def random_awq(k: int, n: int, group_size: int, seed: int) -> dict[str, torch.Te
     gen = torch.Generator().manual_seed(seed)
     groups = k // group_size
 
-    def words(*shape: int) -> torch.Tensor:
-        return torch.randint(-(2**31), 2**31, shape, generator=gen, dtype=torch.int64).to(torch.int32)
-
     scales = (torch.rand(groups, n, generator=gen) * 0.01 + 0.002).half()
-    return {"qweight": words(k, n // 8), "qzeros": words(groups, n // 8), "scales": scales}
+    return {"qweight": awq_gemm.random_words((k, n // 8), gen), "qzeros": awq_gemm.random_words((groups, n // 8), gen), "scales": scales}
 
 
 def check_layer(

@@ -56,9 +56,11 @@ def pack(codes: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-def group_size_of(in_features: int, scale_rows: int) -> int:
-    """G from the tensor shapes; callers validate K % G == 0 beforehand."""
-    return in_features // scale_rows
+def random_words(shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str | None = None) -> torch.Tensor:
+    """Random packed words over the full int32 range, sign bit included, so every nibble takes
+    every value 0..15: what every check and benchmark feeds the kernels (never zeros)."""
+    words = torch.randint(-(2**31), 2**31, shape, generator=generator, dtype=torch.int64, device=device)
+    return words.to(torch.int32)
 
 
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16

@@ -92,16 +92,12 @@ def _generator(seed: int, shape: Shape, salt: int) -> torch.Generator:
     return torch.Generator().manual_seed(key)
 
 
-def _words(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    return torch.randint(-(2**31), 2**31, shape, generator=gen, dtype=torch.int64).to(torch.int32)
-
-
 # -> qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N] (random, never 0, 8 extremes)
 def dequant_layer(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = _generator(seed, shape, 1)
     groups = shape.k // shape.g
-    qweight = _words((shape.k, shape.n // 8), gen)
-    qzeros = _words((groups, shape.n // 8), gen)
+    qweight = awq_gemm.random_words((shape.k, shape.n // 8), gen)
+    qzeros = awq_gemm.random_words((groups, shape.n // 8), gen)
     scales = (torch.randn(groups, shape.n, generator=gen) * 0.02).to(shape.scale_dtype)
     scales[scales == 0] = 0.01
     flat = scales.view(-1)
@@ -114,8 +110,8 @@ def dequant_layer(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
 def gemv_layer(shape: Shape, seed: int, exact: bool) -> dict[str, torch.Tensor]:
     gen = _generator(seed, shape, 2 if exact else 3)
     groups = shape.k // shape.g
-    qweight = _words((shape.k, shape.n // 8), gen)
-    qzeros = _words((groups, shape.n // 8), gen)
+    qweight = awq_gemm.random_words((shape.k, shape.n // 8), gen)
+    qzeros = awq_gemm.random_words((groups, shape.n // 8), gen)
     sign = torch.randint(0, 2, (groups, shape.n), generator=gen) * 2 - 1
     if exact:
         expo = torch.randint(-6, -2, (groups, shape.n), generator=gen).float()
