@@ -53,16 +53,21 @@
 // rounding. S is the largest power of two for which all ceil(N/16) blocks are resident at once
 // (one wave, from the occupancy API), or `splits` when given.
 //
-// Variants (`variant`; 0 = the default = 1). Measured on an H200, 2026-11-21, M = 1, us
-// (docs/kernels.md ## GEMV has the full tables and the experiments that were dropped):
-//                                                   8192x8192  8192x28672  28672x8192
-//   1  lean loop, unpredicated, 64 registers (two 512-thread blocks per SM), scale after the
-//      mma (172 SASS instructions per k-block and warp)  13.16       40.50       38.73
-//   2  the same with the per-weight scale (188 per k-block; the previous default)
-//                                                        14.12       43.91       42.44
-//   Dropped after measuring: register double buffering, U > 1 k-blocks per trip, bulk copies
-//   (cp.async.bulk + mbarrier) and a per-warp cp.async ring in shared memory (weights, scales and
-//   zeros 3-6 k-blocks ahead): the ring ran at 75-80 us on 8192x28672, whatever the carveout.
+// Variants (`variant`). Measured on an H200, 2026-11-21 (second session), same run, M = 1 / M = 8,
+// us (docs/kernels.md ## GEMV has the full tables and the experiments that were dropped):
+//                                                   8192x8192    8192x28672   28672x8192
+//   0  default: where the scale goes after the mma, the pipelined kernel (two register stages,
+//      one k-block always in flight while the previous one is computed; up to 128 registers,
+//      one 16-warp block or several smaller ones per SM); elsewhere the kernel of variant 2
+//                                                   12.00/14.71  36.46/43.94  33.77/42.92
+//   1  lean loop, one k-block at a time, unpredicated, 64 registers (two 512-thread blocks per
+//      SM), scale after the mma (140 SASS instructions per k-block and warp; the previous default)
+//                                                   12.26/15.26  36.46/47.32  35.07/45.10
+//   2  the lean loop with the per-weight scale (the path for G = 32/64, K < 4096)
+//   Dropped after measuring: register double buffering with copies (the copy waits for its load),
+//   U > 1 k-blocks per trip, bulk copies (cp.async.bulk + mbarrier), a per-warp cp.async ring in
+//   shared memory (75-80 us on 8192x28672), three register stages, and the pipeline capped at
+//   80 registers (slower by 10-20%: the tighter schedule serialises the loads).
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
 //   1 <= M <= 8 (larger M: call per 8 rows; the tensor-core tile has 8 columns), N % 8 == 0,
 //   K % 8 == 0, K % G == 0, G % 32 == 0 or G == K, K < 2^21, N < 2^31.
@@ -145,6 +150,7 @@ struct Args {
   int M, K, N, groups, runs_per_group;
   uint32_t group_magic;
   int kblocks, kb_per_warp;
+  int kb_per_group;  // G / 128 when G % 128 == 0, K-blocks + 1 for one group (pipelined kernel)
 };
 
 // Per-lane constants.
@@ -393,21 +399,140 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
   reduce_store(a, l, lane, warp, acc0, acc1, partial);
 }
 
+
+// Pipelined kernel (the default where the scale goes after the mma): D register stages in a ring
+// with compile-time slots (no stage is ever copied: a copy waits for the load it copies, which is
+// what made earlier double-buffering attempts serial). While a warp converts and multiplies one
+// k-block, the next D - 1 k-blocks' weights, scales and zeros are in flight. Scale after the mma
+// only (G % 128 == 0 or one group): the group advances every kb_per_group k-blocks, so scales and
+// zeros are reached by running pointers, without the per-k-block group division and 64-bit
+// address arithmetic of the lean kernel. The activations are read per 8-k word just before their
+// mma (L1 hits). D = 2 at up to 128 registers measured best (D = 3 and an 80-register cap were
+// slower: docs/kernels.md ## GEMV).
+struct Stage {
+  uint4 lo, hi;    // words 4t..4t+3 of rows g and g+8
+  uint32_t s0, s1; // fp16 scale bits of rows g, g+8
+  uint32_t z0, z1; // qzeros words holding rows g, g+8
+};
+
+__device__ __forceinline__ uint32_t ld_nc_u16(const unsigned short* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
+template <int D, bool kG128, int kWarpsCap, int kMinBlocks>
+__global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_pipe_kernel(const Args a) {
+  extern __shared__ __align__(128) uint8_t dsmem[];
+  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const Lane l = make_lane(a, lane, warp);
+  int kb = warp * a.kb_per_warp;
+  const int kb_main_end = min(l.kb_end, a.K >> 7);
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+
+  const uint4* pw = l.wlo + (size_t)kb * 32;
+  const int hi_off = l.has_hi ? a.kblocks * 32 : 0;  // a half-empty last tile re-reads rows g
+  const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
+  const int kbpg = a.kb_per_group;
+  const int grp = kb / kbpg;
+  int left = kbpg - (kb - grp * kbpg);  // k-blocks left in the current group
+  const unsigned short* sp = reinterpret_cast<const unsigned short*>(a.scales) + (size_t)grp * a.N + l.row_lo;
+  const uint32_t* zp = a.qzeros + (size_t)grp * l.words_n + 2 * l.tile;
+  const int s_hi = l.has_hi ? 8 : 0;
+  const int z_hi = l.has_hi ? 1 : 0;
+
+  auto load = [&](Stage& st) {
+    st.lo = load_weight(pw, l.policy);
+    st.hi = load_weight(pw + hi_off, l.policy);
+    st.s0 = ld_nc_u16(sp);
+    st.s1 = ld_nc_u16(sp + s_hi);
+    st.z0 = ld_nc_u32(zp);
+    st.z1 = ld_nc_u32(zp + z_hi);
+    pw += 32;
+    if (kG128 || --left == 0) {
+      left = kbpg;
+      sp += a.N;
+      zp += l.words_n;
+    }
+  };
+  auto compute = [&](const Stage& st, float (&acc)[4]) {
+    const ZeroF16x8 zlo = row_zero((st.z0 >> l.zshift) & 0xF);
+    const ZeroF16x8 zhi = row_zero((st.z1 >> l.zshift) & 0xF);
+    const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w};
+    const uint32_t wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 xv = __ldg(px + j);
+      uint32_t dl[4], dh[4];
+      u4x8_minus_zero_f16x8(wl[j], zlo, dl);
+      u4x8_minus_zero_f16x8(wh[j], zhi, dh);
+      mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv.x, xv.y);
+      mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv.z, xv.w);
+    }
+    px += 16;
+    const float slo = __half2float(__ushort_as_half((unsigned short)st.s0));
+    const float shi = __half2float(__ushort_as_half((unsigned short)st.s1));
+    acc[0] = fmaf(slo, t[0], acc[0]);
+    acc[1] = fmaf(slo, t[1], acc[1]);
+    acc[2] = fmaf(shi, t[2], acc[2]);
+    acc[3] = fmaf(shi, t[3], acc[3]);
+  };
+
+  // D stages in a ring with compile-time slots: slot d is computed, then immediately refilled
+  // with the k-block D ahead, so D k-blocks are always in flight and no stage is ever copied.
+  int n = kb_main_end - kb;  // whole k-blocks of this warp not yet loaded
+  if (n >= D) {
+    Stage st[D];
+#pragma unroll
+    for (int d = 0; d < D; ++d) load(st[d]);
+    n -= D;
+    for (; n >= D; n -= D) {
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        compute(st[d], d % 2 ? acc1 : acc0);
+        load(st[d]);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < D; ++d) compute(st[d], d % 2 ? acc1 : acc0);
+    kb = kb_main_end - n;  // the last n < D whole k-blocks go through the checked path
+  }
+  for (; kb < l.kb_end; ++kb) {  // checked tail
+    Block b[1];
+    uint4 xv[1][4];
+    load_blocks<1>(b, kb, a, l);
+    load_x<1>(xv, kb, a, l);
+    compute_blocks<1>(b, xv, kb, l, acc0, acc1);
+  }
+  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+}
+
 using KernelFn = void (*)(const Args);
 
-// variant -> kernel (0 = the default = 1; docs/kernels.md ## GEMV has the measurements).
-//   1: lean register kernel, scale applied after the mma where G allows (G % 128 == 0 or one
-//      group), else per weight
-//   2: the same kernel with the per-weight scale always (the previous default; kept to measure
-//      the difference and as the bit-faithful-to-W16 path)
+// variant -> kernel (docs/kernels.md ## GEMV has the measurements).
+//   0: the pipelined kernel where the scale goes after the mma (G % 128 == 0 or one group, and
+//      K >= 4096), else the lean kernel with the per-weight scale
+//   1: the lean kernel with the scale after the mma (the previous default, kept to measure the
+//      pipeline against); per weight where the scale cannot go after the mma
+//   2: the lean kernel with the per-weight scale always (the bit-faithful-to-W16 path)
 struct Variant {
   KernelFn fn;
   int max_warps;
   int smem_per_warp;  // dynamic shared memory bytes per warp
 };
-Variant kernel_for(int variant, bool post) {
+Variant kernel_for(int variant, bool post, bool g128) {
   if (variant == 2 || !post) return {gemv_w4a16_lean_kernel<1, 16, true, 2, false>, 16, 512};
-  return {gemv_w4a16_lean_kernel<1, 16, true, 2, true>, 16, 512};
+  if (variant == 1) return {gemv_w4a16_lean_kernel<1, 16, true, 2, true>, 16, 512};
+  return {g128 ? gemv_w4a16_pipe_kernel<2, true, 16, 1> : gemv_w4a16_pipe_kernel<2, false, 16, 1>, 16, 512};
 }
 constexpr int kVariants = 3;
 
@@ -452,7 +577,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   // skipped weight rounding (at most 2^-11 sum |x||w|) stays within half of the tolerance's K term
   // (4 K 2^-24 sum |x||w|, w4cli/tolerance.py); smaller layers take the per-weight path
   const bool post = (groups == 1 || G % 128 == 0) && K >= 4096;
-  const Variant v = kernel_for(variant, post);
+  const Variant v = kernel_for(variant, post, G == 128 && groups > 1);
   if (splits > v.max_warps) return cudaErrorInvalidValue;
   const KernelFn fn = v.fn;
   if (v.smem_per_warp * v.max_warps > 48 * 1024) {
@@ -481,6 +606,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   a.group_magic = magic;
   a.kblocks = kblocks;
   a.kb_per_warp = kb_per_warp;
+  a.kb_per_group = groups == 1 ? kblocks + 1 : (G % 128 == 0 ? static_cast<int>(G / 128) : 1);
   fn<<<tiles, warps * 32, (size_t)warps * v.smem_per_warp, stream>>>(a);
   return cudaGetLastError();
 }

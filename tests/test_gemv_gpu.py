@@ -123,10 +123,16 @@ def test_exact_every_split(kernels, splits):
     assert_exact(out, w4_gemv.gemv_reference(x, **layer))
 
 
-# G = 128, 256 and one group with K >= 4096 take the scale-after-mma path (variants 0, 1); G = 64,
-# smaller K and variant 2 the per-weight one
+# G = 128, 256 and one group with K >= 4096 take the scale-after-mma path (variant 0: the
+# pipelined kernel, variant 1: the lean one); G = 64, smaller K and variant 2 the per-weight one.
+# 4224 = 33 k-blocks: an odd count per warp leaves one whole k-block to the pipeline's checked tail;
+# 4160 (one group) ends in a partial k-block
 @pytest.mark.parametrize("variant", range(3))
-@pytest.mark.parametrize("k,n,m,g", [(8192, 1032, 1, 128), (8192, 1032, 5, 256), (2304, 136, 8, 64), (160, 24, 3, 160)])
+@pytest.mark.parametrize(
+    "k,n,m,g",
+    [(8192, 1032, 1, 128), (8192, 1032, 5, 256), (4224, 264, 2, 128), (4160, 40, 3, 4160), (2304, 136, 8, 64),
+     (160, 24, 3, 160)],
+)
 def test_exact_every_variant(kernels, variant, k, n, m, g):
     layer = make_layer(k, n, g, seed=variant + k, exact=True)
     x = activations(m, k, seed=variant, exact=True)

@@ -291,7 +291,9 @@ def gemv(
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
         splits: warps per 16-row tile (split-K), 0 = automatic; for tuning only.
-        variant: 0 = default, 1 = the same, 2 = per-weight scale always (kernels/gemv_w4a16.cu).
+        variant: 0 = default (the pipelined kernel where the scale goes after the mma), 1 = the
+            previous one-k-block-at-a-time kernel, 2 = per-weight scale always
+            (kernels/gemv_w4a16.cu); for tuning only.
     M <= 8 is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
     weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
     Matches w4_gemv.gemv_reference(x, ...) within w4cli.tolerance's bound (G % 128 == 0 applies the

@@ -1,0 +1,107 @@
+// read_pattern.cu: a standalone probe (not built into w4): how fast can the GEMV's weight access
+// pattern read DRAM when the arithmetic is taken away? Answers docs/kernels.md ## GEMV step 18.
+//
+// Reads 122 MB (the int4 weights of an 8192x28672 layer) from 4 rotating buffers (> 4x L2), each
+// 16-byte load `ld.global.nc.L1::no_allocate` with an L2 evict-first policy as in the kernel, and
+// XOR-reduces the data (the result is stored only if it hits a magic value, so nothing is
+// optimised away). Patterns, each with D k-blocks (2 x 512 B per warp) loaded before use:
+//   linear       grid-stride 16-byte loads (the ceiling for a pure read)
+//   w4-gemv      the layout [N/8][K/128][8][16] int32: warp w of tile t reads tiles 2t and 2t+1
+//                (32 KB apart) over k-blocks [wP, (w+1)P), S warps per tile
+//   kb-major     [K/128][N/8][8][16]: neighbouring tiles read neighbouring memory
+//   tile-contig  [N/16][K/128][2][8][16]: one contiguous stream per warp
+// Buffers hold a constant byte: plain cudaMalloc memory is never compressed, so the content does
+// not change the read rate.
+// Launch: one block of S warps per 16-row tile (1792 tiles), as the kernel. Timing: CUDA graph of
+// 8 launches, 40 replays, median, GB/s of the bytes read.
+// Build and run on a GPU machine: nvcc -O3 -std=c++17 -arch=sm_90 read_pattern.cu -o rp && ./rp
+#include <cstdio>
+#include <cstdint>
+#include <vector>
+#include <algorithm>
+#include <cuda_runtime.h>
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+
+__device__ __forceinline__ uint4 ldw(const uint4* p, uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ uint64_t pol_ef() { uint64_t p; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p)); return p; }
+
+__global__ void lin(const uint4* __restrict__ a, size_t n, uint32_t* out) {
+  uint32_t acc = 0; uint64_t pol = pol_ef();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint4 v = ldw(a + i, pol); acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678) out[0] = acc;
+}
+
+// mode 0: w4-gemv layout [N/8][KB][512B]: lo = tile 2t, hi = tile 2t+1 (kblocks*512 B apart)
+// mode 1: k-block-major [KB][N/8][512B]
+// mode 2: per 16-row tile contiguous [N/16][KB][1024B]
+// D k-blocks loaded before use.
+template <int D>
+__global__ void gemv_like(const uint4* __restrict__ a, int kblocks, int tiles, int S, int mode, uint32_t* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tile = blockIdx.x;
+  const int P = (kblocks + S - 1) / S;
+  const int kb0 = warp * P, kb1 = min(kblocks, kb0 + P);
+  uint64_t pol = pol_ef();
+  uint32_t acc = 0;
+  for (int kb = kb0; kb < kb1; kb += D) {
+    uint4 v[D][2];
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int k = min(kb + d, kb1 - 1);
+      size_t lo, hi;
+      if (mode == 0) { lo = ((size_t)(2 * tile) * kblocks + k) * 32; hi = lo + (size_t)kblocks * 32; }
+      else if (mode == 1) { lo = ((size_t)k * (2 * tiles) + 2 * tile) * 32; hi = lo + 32; }
+      else { lo = ((size_t)tile * kblocks + k) * 64; hi = lo + 32; }
+      v[d][0] = ldw(a + lo + lane, pol); v[d][1] = ldw(a + hi + lane, pol);
+    }
+#pragma unroll
+    for (int d = 0; d < D; ++d) acc ^= v[d][0].x ^ v[d][0].y ^ v[d][1].z ^ v[d][1].w;
+  }
+  if (acc == 0x12345678) out[0] = acc;
+}
+
+int main() {
+  const int K = 8192, N = 28672, kblocks = K / 128, tiles = N / 16;
+  const size_t bytes = (size_t)K * N / 2, n4 = bytes / 16;
+  const int NB = 4;
+  std::vector<uint4*> buf(NB);
+  for (auto& b : buf) { CK(cudaMalloc(&b, bytes)); CK(cudaMemset(b, 0x5a, bytes)); }
+  uint32_t* out; CK(cudaMalloc(&out, 4));
+  cudaStream_t st; CK(cudaStreamCreate(&st));
+  auto time = [&](const char* name, auto launch) {
+    for (int i = 0; i < 20; ++i) launch(buf[i % NB]);  // warm-up
+    cudaGraph_t g; cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < 2 * NB; ++i) launch(buf[i % NB]);
+    CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+    std::vector<float> t;
+    for (int r = 0; r < 40; ++r) {
+      cudaEventRecord(e0, st); cudaGraphLaunch(ge, st); cudaEventRecord(e1, st); cudaEventSynchronize(e1);
+      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000 / (2 * NB));
+    }
+    CK(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    printf("%-40s %8.2f us  %7.0f GB/s\n", name, t[20], bytes / (t[20] * 1e3));
+  };
+  time("linear 132x16 blocks x 256", [&](uint4* b) { lin<<<132 * 8, 256, 0, st>>>(b, n4, out); });
+  time("linear 132x4 blocks x 512", [&](uint4* b) { lin<<<132 * 4, 512, 0, st>>>(b, n4, out); });
+  const char* mn[3] = {"w4-gemv", "kb-major", "tile-contig"};
+  for (int mode = 0; mode < 3; ++mode)
+    for (int S : {1, 2, 4}) {
+      char name[128];
+      snprintf(name, sizeof name, "%s S=%d D=1", mn[mode], S);
+      time(name, [&](uint4* b) { gemv_like<1><<<tiles, 32 * S, 0, st>>>(b, kblocks, tiles, S, mode, out); });
+      snprintf(name, sizeof name, "%s S=%d D=2", mn[mode], S);
+      time(name, [&](uint4* b) { gemv_like<2><<<tiles, 32 * S, 0, st>>>(b, kblocks, tiles, S, mode, out); });
+      snprintf(name, sizeof name, "%s S=%d D=4", mn[mode], S);
+      time(name, [&](uint4* b) { gemv_like<4><<<tiles, 32 * S, 0, st>>>(b, kblocks, tiles, S, mode, out); });
+    }
+  return 0;
+}
