@@ -68,7 +68,9 @@ def main() -> int:
     shapes = SHAPES[:1] if a.quick else SHAPES
     for K, N in shapes:
         make = make_factory(K, N)
-        cases = [("NK fp16", True, torch.float16, 0), ("KN fp16", False, torch.float16, 0)]
+        cases = [("NK fp16", True, torch.float16, 0), ("KN fp16", False, torch.float16, 0),
+                 ("NK fp16 16-col tile", True, torch.float16, 0x20000),
+                 ("NK fp16 32-col tile", True, torch.float16, 0x40000)]
         if a.variants:
             cases += [(f"NK fp16 band{b}", True, torch.float16, b) for b in (1, 2, 8, 16, 4096)]
             cases += [("NK fp16 band4 plain-st", True, torch.float16, 0x10000 | 4),
@@ -76,6 +78,8 @@ def main() -> int:
         if (K, N) == (8192, 8192):
             cases += [("NK bf16", True, torch.bfloat16, 0), ("NK fp32", True, torch.float32, 0),
                       ("KN bf16", False, torch.bfloat16, 0)]
+        if (K, N) == (8192, 28672):
+            cases += [("NK bf16", True, torch.bfloat16, 0)]
         for label, transpose, dtype, variant in cases:
             if variant:
                 fn = lambda qw, qz, s, t=transpose, v=variant, d=dtype: ext._dequantize_awq_variant(qw, qz, s, d, t, v)  # noqa: E731

@@ -20,15 +20,19 @@
 //                          round-to-nearest-even cast (cvt.rn) to bf16 / fp16, or stored as fp32.
 // No fast-math anywhere: flush-to-zero or contraction would break bit-exactness.
 //
-// Launch shape (256 threads per block, 1-D grid of tiles):
-//   [N, K] kernel: a block owns 16 packed columns (128 channels) x TK rows, TK = 16 * R, where
-//     R = 16 / sizeof(out) rows per thread (8 for 2-byte outputs, 4 for fp32; TK = 128 / 64).
-//     Thread (cl = tid % 16, kq = tid / 16) loads R words of column cl (coalesced 64-byte row
-//     pieces), dequantizes them, transposes 8 x R values in registers (byte permutes) into 8
-//     16-byte units "R consecutive k of one channel", and stores them to a 32 KB shared tile
-//     [128 channels][16 units], unit index XOR-swizzled by cl (conflict-free in both phases).
-//     After one barrier every thread copies 8 units out: 16 consecutive units = one contiguous
-//     row piece of TK*sizeof(out) bytes (256 B for fp16) of out[n, :], 16-byte streaming stores.
+// Launch shape (1-D grid of tiles):
+//   [N, K] kernel: a block of C * 16 threads owns C packed columns (8C channels) x TK rows,
+//     TK = 16 * R, where R = 16 / sizeof(out) rows per thread (8 for 2-byte outputs, 4 for fp32;
+//     TK = 128 / 64). C = 16 (256 threads, 32 KB of shared memory) by default; C = 32 (512
+//     threads, 64 KB, two blocks per SM) for 2-byte outputs with G % 8 == 0 on grids of at least
+//     16 waves, where reading 128 B instead of 64 B of each qweight row per block measured 2
+//     points faster (docs/kernels.md). Thread (cl = tid % C, kq = tid / C) loads R words of column
+//     cl (coalesced 4C-byte row pieces), dequantizes them, transposes 8 x R values in registers
+//     (byte permutes) into 8 16-byte units "R consecutive k of one channel", and stores them to
+//     the shared tile [8C channels][16 units], unit index XOR-swizzled by cl mod 16
+//     (conflict-free in both phases). After one barrier every thread copies 8 units out: 16
+//     consecutive units = one contiguous row piece of TK*sizeof(out) bytes (256 B for fp16) of
+//     out[n, :], 16-byte streaming stores.
 //     Tiles are ordered in bands of kDefaultBand column tiles, column-fastest inside a band, then
 //     k: blocks in flight together read whole 128-byte lines of qweight rows and extend the same
 //     output rows.
@@ -44,7 +48,8 @@
 // Test: pytest -m gpu tests/test_kernels_gpu.py.  Bench: kernels/run_device.sh.
 //
 // `variant` (tuning, default 0 = the defaults below; fp16 -> fp16 only): bits 0..15 = band of the
-// [N, K] tile order (0 = kDefaultBand), bit 16 = plain stores instead of streaming (.cs) stores.
+// [N, K] tile order (0 = kDefaultBand, in 16-column tiles), bit 16 = plain stores instead of
+// streaming (.cs) stores, bit 17 / bit 18 = force the 16- / 32-column [N, K] tile.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -173,17 +178,20 @@ __device__ __forceinline__ void store_tail(OutT* dst, const uint4& u, int count)
 
 // ------------------------------------------------------------------------------------------------
 // [N, K] output: transpose through shared memory.
-template <typename OutT, typename ScaleT, bool kAligned, bool kStream>
-__global__ void __launch_bounds__(kThreads)
+template <typename OutT, typename ScaleT, bool kAligned, bool kStream, int kCols>
+__global__ void __launch_bounds__(kCols * 16)
     dequant_awq_nk_kernel(const uint32_t* __restrict__ qweight, const uint32_t* __restrict__ qzeros,
                           const ScaleT* __restrict__ scales, OutT* __restrict__ out, int K, int Nw,
                           int G, int tiles_k, int tiles_c, int band) {
   constexpr int R = 16 / (int)sizeof(OutT);  // rows per thread: one 16-byte unit per channel
   constexpr int TK = 16 * R;                 // rows per tile
   constexpr int kW = kWordsPer8<OutT>;
-  // [channel within tile][16-byte unit = R consecutive k]; unit index XOR-swizzled with the
-  // packed column (channel / 8): phase 1 (writes) and phase 2 (reads) both hit all bank groups.
-  __shared__ uint4 tile[128][16];
+  constexpr int kBlock = kCols * 16;         // threads
+  // [channel within tile][16-byte unit = R consecutive k] (dynamic: kCols * 2 KB); unit index
+  // XOR-swizzled with the packed column (channel / 8) mod 16: phase 1 (writes) and phase 2
+  // (reads) both hit all bank groups.
+  extern __shared__ uint4 nk_smem[];
+  auto tile = reinterpret_cast<uint4 (*)[16]>(nk_smem);
 
   const int tid = threadIdx.x;
   // Tile order: bands of `band` column tiles; inside a band, column-fastest then k. Blocks in
@@ -196,9 +204,9 @@ __global__ void __launch_bounds__(kThreads)
   const int tc = band_start + rem % band_w;
   const int tk = rem / band_w;
   const int k0 = tk * TK;
-  const int c0 = tc * 16;
-  const int cl = tid & 15;
-  const int kq = tid >> 4;
+  const int c0 = tc * kCols;
+  const int cl = tid % kCols;
+  const int kq = tid / kCols;
   const int c = min(c0 + cl, Nw - 1);  // clamped: tail columns compute garbage, never stored
   const int kb = k0 + kq * R;
 
@@ -237,18 +245,18 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       u = make_uint4(v[0][e], v[1][e], v[2][e], v[3][e]);
     }
-    tile[cl * 8 + e][kq ^ cl] = u;
+    tile[cl * 8 + e][kq ^ (cl & 15)] = u;
   }
   __syncthreads();
 
   const int N = Nw * 8;
   const bool vec = (K % R) == 0;  // rows of out start 16-byte aligned
 #pragma unroll
-  for (int i = 0; i < (128 * 16) / kThreads; ++i) {
-    const int idx = i * kThreads + tid;
+  for (int i = 0; i < (kCols * 8 * 16) / kBlock; ++i) {
+    const int idx = i * kBlock + tid;
     const int nl = idx >> 4;  // channel within tile
     const int u = idx & 15;   // unit within the row piece
-    const uint4 val = tile[nl][u ^ (nl >> 3)];
+    const uint4 val = tile[nl][u ^ ((nl >> 3) & 15)];
     const int n = c0 * 8 + nl;
     const int k = k0 + u * R;
     if (n < N && k < K) {
@@ -304,22 +312,52 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ------------------------------------------------------------------------------------------------
+// [N, K] launch for a tile of kCols packed columns (kCols * 16 threads, kCols * 2 KB of shared).
+template <typename OutT, typename ScaleT, bool kStream, int kCols>
+cudaError_t launch_nk(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, OutT* out, int K,
+                      int Nw, int G, int band, cudaStream_t stream) {
+  constexpr int R = 16 / (int)sizeof(OutT);
+  constexpr int kSmem = kCols * 8 * 16 * 16;
+  const int tiles_k = (K + 16 * R - 1) / (16 * R);
+  const int tiles_c = (Nw + kCols - 1) / kCols;
+  const long long blocks = (long long)tiles_k * tiles_c;
+  if (blocks > 0x7FFFFFFFLL) return cudaErrorInvalidValue;
+  band = max(1, min(band, tiles_c));
+  auto kernel = (G % R == 0) ? dequant_awq_nk_kernel<OutT, ScaleT, true, kStream, kCols>
+                             : dequant_awq_nk_kernel<OutT, ScaleT, false, kStream, kCols>;
+  if (kSmem > 48 * 1024) {  // above 48 KB a kernel must opt in
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<(unsigned)blocks, kCols * 16, kSmem, stream>>>(qw, qz, s, out, K, Nw, G, tiles_k, tiles_c, band);
+  return cudaGetLastError();
+}
+
+// The 32-column tile reads 128 B of each qweight row per block instead of 64 and was 2 points
+// faster on 8192x28672 and 28672x8192 (docs/kernels.md, dequantize item 6f), but its 64 KB blocks
+// (two per SM) drain more slowly at the end of a grid: it lost 1-3 points on layers of a few waves.
+// Used for 2-byte outputs with one group per thread's rows, from kWideMinWaves waves on.
+constexpr int kWideMinWaves = 16;
+bool use_wide_tile(int K, int Nw, int out_bytes, bool aligned) {
+  if (out_bytes != 2 || !aligned) return false;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return false;
+  const long long blocks = (long long)((K + 127) / 128) * ((Nw + 31) / 32);
+  return blocks >= (long long)kWideMinWaves * 2 * sms;
+}
+
+// tile: 0 = by shape (use_wide_tile), 16 or 32 = forced (tuning and tests).
 template <typename OutT, typename ScaleT, bool kStream>
 cudaError_t launch_typed(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, OutT* out, int K,
-                         int Nw, int G, bool transpose, int band, cudaStream_t stream) {
+                         int Nw, int G, bool transpose, int band, int tile, cudaStream_t stream) {
   if (transpose) {
     constexpr int R = 16 / (int)sizeof(OutT);
-    const int tiles_k = (K + 16 * R - 1) / (16 * R);
-    const int tiles_c = (Nw + 15) / 16;
-    const long long blocks = (long long)tiles_k * tiles_c;
-    if (blocks > 0x7FFFFFFFLL) return cudaErrorInvalidValue;
-    band = max(1, min(band, tiles_c));
-    if (G % R == 0)
-      dequant_awq_nk_kernel<OutT, ScaleT, true, kStream><<<(unsigned)blocks, kThreads, 0, stream>>>(
-          qw, qz, s, out, K, Nw, G, tiles_k, tiles_c, band);
-    else
-      dequant_awq_nk_kernel<OutT, ScaleT, false, kStream><<<(unsigned)blocks, kThreads, 0, stream>>>(
-          qw, qz, s, out, K, Nw, G, tiles_k, tiles_c, band);
+    if (tile == 0) tile = use_wide_tile(K, Nw, (int)sizeof(OutT), G % R == 0) ? 32 : 16;
+    if (tile == 32)  // same bytes per band as the 16-column tile's
+      return launch_nk<OutT, ScaleT, kStream, 32>(qw, qz, s, out, K, Nw, G, max(1, band / 2), stream);
+    return launch_nk<OutT, ScaleT, kStream, 16>(qw, qz, s, out, K, Nw, G, band, stream);
   } else {
     const int rows_per_block = (kThreads / kKnCols) * kKnRows;
     const int tiles_k = (K + rows_per_block - 1) / rows_per_block;
@@ -341,7 +379,7 @@ cudaError_t launch_default(const uint32_t* qw, const uint32_t* qz, const void* s
                            int Nw, int G, bool transpose, cudaStream_t stream) {
   return launch_typed<OutT, ScaleT, true>(qw, qz, static_cast<const ScaleT*>(s),
                                           static_cast<OutT*>(out), K, Nw, G, transpose,
-                                          kDefaultBand, stream);
+                                          kDefaultBand, 0, stream);
 }
 
 template <typename ScaleT>
@@ -373,13 +411,14 @@ cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, co
 
   if (variant != 0) {  // tuning alternatives, fp16 -> fp16 only
     if (scale_dtype != DType::kF16 || out_dtype != DType::kF16) return cudaErrorInvalidValue;
-    if (variant < 0 || variant > 0x1FFFF) return cudaErrorInvalidValue;
+    if (variant < 0 || variant > 0x7FFFF) return cudaErrorInvalidValue;
     const auto* s = static_cast<const __half*>(scales);
     auto* o = static_cast<__half*>(out);
     const int band = (variant & 0xFFFF) ? (variant & 0xFFFF) : kDefaultBand;
+    const int tile = (variant & 0x20000) ? 16 : (variant & 0x40000) ? 32 : 0;
     if (variant & 0x10000)
-      return launch_typed<__half, __half, false>(qw, qz, s, o, k, nw, g, transpose, band, stream);
-    return launch_typed<__half, __half, true>(qw, qz, s, o, k, nw, g, transpose, band, stream);
+      return launch_typed<__half, __half, false>(qw, qz, s, o, k, nw, g, transpose, band, tile, stream);
+    return launch_typed<__half, __half, true>(qw, qz, s, o, k, nw, g, transpose, band, tile, stream);
   }
   switch (scale_dtype) {
     case DType::kF16:
