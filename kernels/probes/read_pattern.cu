@@ -74,24 +74,38 @@ int main() {
   for (auto& b : buf) { CK(cudaMalloc(&b, bytes)); CK(cudaMemset(b, 0x5a, bytes)); }
   uint32_t* out; CK(cudaMalloc(&out, 4));
   cudaStream_t st; CK(cudaStreamCreate(&st));
-  auto time = [&](const char* name, auto launch) {
-    for (int i = 0; i < 20; ++i) launch(buf[i % NB]);  // warm-up
+  // time `launch` over `nb` rotating buffers (each of `nbytes`), graph of 2 rounds, median of 40
+  auto time_n = [&](const char* name, size_t nbytes, int nb, auto launch) {
+    for (int i = 0; i < 20; ++i) launch(buf[i % nb]);  // warm-up
     cudaGraph_t g; cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 2 * NB; ++i) launch(buf[i % NB]);
+    for (int i = 0; i < 2 * nb; ++i) launch(buf[i % nb]);
     CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
     cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     std::vector<float> t;
     for (int r = 0; r < 40; ++r) {
       cudaEventRecord(e0, st); cudaGraphLaunch(ge, st); cudaEventRecord(e1, st); cudaEventSynchronize(e1);
-      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000 / (2 * NB));
+      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000 / (2 * nb));
     }
     CK(cudaGetLastError());
     std::sort(t.begin(), t.end());
-    printf("%-40s %8.2f us  %7.0f GB/s\n", name, t[20], bytes / (t[20] * 1e3));
+    printf("%-40s %8.2f us  %7.0f GB/s\n", name, t[20], nbytes / (t[20] * 1e3));
   };
+  auto time = [&](const char* name, auto launch) { time_n(name, bytes, NB, launch); };
   time("linear 132x16 blocks x 256", [&](uint4* b) { lin<<<132 * 8, 256, 0, st>>>(b, n4, out); });
   time("linear 132x4 blocks x 512", [&](uint4* b) { lin<<<132 * 4, 512, 0, st>>>(b, n4, out); });
+  // smaller reads (the int4 weights of 4096x4096, 4096x14336, 8192x8192): sub-buffers of the big
+  // ones, as many as needed for > 4x the 60 MiB L2 per graph round (sub-buffer i of buffer i % 4)
+  for (double mb : {8.4, 29.4, 33.6}) {
+    const size_t nb_bytes = (size_t)(mb * 1e6) / 16 * 16;
+    const int nb = (int)std::min<size_t>(bytes / nb_bytes * NB, (size_t)(4.0 * 60 * 1048576 / nb_bytes) + 1);
+    std::vector<uint4*> sub(nb);
+    for (int i = 0; i < nb; ++i) sub[i] = buf[i % NB] + (size_t)(i / NB) * (nb_bytes / 16);
+    int idx = 0;
+    char name[128];
+    snprintf(name, sizeof name, "linear %.1f MB (%d sets)", mb, nb);
+    time_n(name, nb_bytes, nb, [&](uint4*) { lin<<<132 * 8, 256, 0, st>>>(sub[idx++ % nb], nb_bytes / 16, out); });
+  }
   const char* mn[3] = {"w4-gemv", "kb-major", "tile-contig"};
   for (int mode = 0; mode < 3; ++mode)
     for (int S : {1, 2, 4}) {
