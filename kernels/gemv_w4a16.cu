@@ -298,6 +298,21 @@ __device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int l
   }
 }
 
+// The end of every kernel's warp: the k-blocks its main loop left (a partial k-block past K, or
+// a remainder below the loop's step) through the checked path, then the block's reduction.
+__device__ __forceinline__ void finish_warp(const Args& a, const Lane& l, int lane, int warp, int kb,
+                                            float (&acc0)[4], float (&acc1)[4],
+                                            float (*partial)[4][32]) {
+  for (; kb < l.kb_end; ++kb) {  // checked tail
+    Block b[1];
+    uint4 xv[1][4];
+    load_blocks<1>(b, kb, a, l);
+    load_x<1>(xv, kb, a, l);
+    compute_blocks<1>(b, xv, kb, l, acc0, acc1);
+  }
+  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+}
+
 // One k-block with the scale applied after the mma (kPost): the tensor cores sum (q - z) * x,
 // exact small integers times fp16 activations, into t (fp32), and the lane scales its 4 sums once:
 // acc += s * t. Valid when the whole 128-k block lies in one group (G % 128 == 0 or one group):
@@ -389,14 +404,7 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
       }
     }
   }
-  for (; kb < l.kb_end; ++kb) {  // checked tail
-    Block b[1];
-    uint4 xv[1][4];
-    load_blocks<1>(b, kb, a, l);
-    load_x<1>(xv, kb, a, l);
-    compute_blocks<1>(b, xv, kb, l, acc0, acc1);
-  }
-  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+  finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
 }
 
 
@@ -426,8 +434,9 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
   return v;
 }
 
-template <int D, bool kG128, int kWarpsCap, int kMinBlocks>
-__global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_pipe_kernel(const Args a) {
+// Up to 128 registers: one 16-warp block or several smaller ones per SM.
+template <int D, bool kG128>
+__global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
   extern __shared__ __align__(128) uint8_t dsmem[];
   auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
   const int lane = threadIdx.x & 31;
@@ -506,14 +515,7 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_pipe_ke
     for (int d = 0; d < D; ++d) compute(st[d], d % 2 ? acc1 : acc0);
     kb = kb_main_end - n;  // the last n < D whole k-blocks go through the checked path
   }
-  for (; kb < l.kb_end; ++kb) {  // checked tail
-    Block b[1];
-    uint4 xv[1][4];
-    load_blocks<1>(b, kb, a, l);
-    load_x<1>(xv, kb, a, l);
-    compute_blocks<1>(b, xv, kb, l, acc0, acc1);
-  }
-  reduce_store(a, l, lane, warp, acc0, acc1, partial);
+  finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
 }
 
 using KernelFn = void (*)(const Args);
@@ -532,7 +534,7 @@ struct Variant {
 Variant kernel_for(int variant, bool post, bool g128) {
   if (variant == 2 || !post) return {gemv_w4a16_lean_kernel<1, 16, true, 2, false>, 16, 512};
   if (variant == 1) return {gemv_w4a16_lean_kernel<1, 16, true, 2, true>, 16, 512};
-  return {g128 ? gemv_w4a16_pipe_kernel<2, true, 16, 1> : gemv_w4a16_pipe_kernel<2, false, 16, 1>, 16, 512};
+  return {g128 ? gemv_w4a16_pipe_kernel<2, true> : gemv_w4a16_pipe_kernel<2, false>, 16, 512};
 }
 constexpr int kVariants = 3;
 
