@@ -53,21 +53,23 @@
 // rounding. S is the largest power of two for which all ceil(N/16) blocks are resident at once
 // (one wave, from the occupancy API), or `splits` when given.
 //
-// Variants (`variant`). Measured on an H200, 2026-11-21 (second session), same run, M = 1 / M = 8,
+// Variants (`variant`). Measured 2026-11-21 (third session), same run per device, M = 1 / M = 8,
 // us (docs/kernels.md ## GEMV has the full tables and the experiments that were dropped):
 //                                                   8192x8192    8192x28672   28672x8192
-//   0  default: where the scale goes after the mma, the pipelined kernel (two register stages,
-//      one k-block always in flight while the previous one is computed; up to 128 registers,
-//      one 16-warp block or several smaller ones per SM); elsewhere the kernel of variant 2
-//                                                   12.00/14.71  36.46/43.94  33.77/42.92
+//   0  default: where the scale goes after the mma, the pipelined kernel (two register stages
+//      computed in order, two mma chains per k-block; up to 128 registers, one 16-warp block or
+//      several smaller ones per SM); elsewhere the kernel of variant 2
+//                                          H100     14.17/14.85  45.71/45.66  43.54/44.26
+//                                          H200     12.00/14.47  35.89/44.41  33.22/42.70
 //   1  lean loop, one k-block at a time, unpredicated, 64 registers (two 512-thread blocks per
-//      SM), scale after the mma (140 SASS instructions per k-block and warp; the previous default)
-//                                                   12.26/15.26  36.46/47.32  35.07/45.10
+//      SM), scale after the mma (the first session's default)
+//                                          H100     14.40/15.52  45.57/47.70  44.10/46.96
+//                                          H200     12.24/15.26  36.58/47.56  35.26/45.20
 //   2  the lean loop with the per-weight scale (the path for G = 32/64, K < 4096)
 //   Dropped after measuring: register double buffering with copies (the copy waits for its load),
-//   U > 1 k-blocks per trip, bulk copies (cp.async.bulk + mbarrier), a per-warp cp.async ring in
-//   shared memory (75-80 us on 8192x28672), three register stages, and the pipeline capped at
-//   80 registers (slower by 10-20%: the tighter schedule serialises the loads).
+//   U > 1 k-blocks per trip, bulk copies (cp.async.bulk + mbarrier), two per-warp cp.async rings in
+//   shared memory (2-3x slower, with 4-byte or with only 16-byte copies), three or four register
+//   stages, activations carried in the stage, the pipeline capped at 80 registers.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
 //   1 <= M <= 8 (larger M: call per 8 rows; the tensor-core tile has 8 columns), N % 8 == 0,
 //   K % 8 == 0, K % G == 0, G % 32 == 0 or G == K, K < 2^21, N < 2^31.
@@ -78,7 +80,7 @@
 // Numerics: as above; the tensor cores add exact products in fp32 (their internal
 //   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
 //   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
-// Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); tuned on sm_90 (H200).
+// Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); tuned on sm_90 (H100 and H200).
 // Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: kernels/run_gemv_device.sh.
 
 #include <cuda_fp16.h>
@@ -151,6 +153,7 @@ struct Args {
   uint32_t group_magic;
   int kblocks, kb_per_warp;
   int kb_per_group;  // G / 128 when G % 128 == 0, K-blocks + 1 for one group (pipelined kernel)
+  uint32_t order_mask;  // always 0; the compiler cannot know that (the pipelined kernel's slot order)
 };
 
 // Per-lane constants.
@@ -415,8 +418,9 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
 // only (G % 128 == 0 or one group): the group advances every kb_per_group k-blocks, so scales and
 // zeros are reached by running pointers, without the per-k-block group division and 64-bit
 // address arithmetic of the lean kernel. The activations are read per 8-k word just before their
-// mma (L1 hits). D = 2 at up to 128 registers measured best (D = 3 and an 80-register cap were
-// slower: docs/kernels.md ## GEMV).
+// mma (L1 hits). D = 2 at up to 128 registers measured best (D = 3 or 4 and an 80-register cap
+// were slower: docs/kernels.md ## GEMV); a data dependency between the slots keeps ptxas from
+// merging them into one batch (see `order` below).
 struct Stage {
   uint4 lo, hi;    // words 4t..4t+3 of rows g and g+8
   uint32_t s0, s1; // fp16 scale bits of rows g, g+8
@@ -472,28 +476,41 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
       zp += l.words_n;
     }
   };
+  // Slot order. Left alone, ptxas interleaves the slots' conversions and mma and issues every
+  // refill at the end of the trip, so all of a trip's loads are waited for together. `order` is
+  // 0 at run time but the compiler cannot know it: adding it to the zero-point shift makes each
+  // slot's conversion wait for the previous slot's result, so ptxas issues a slot's refill as
+  // soon as its registers are free, before the next slot's work (one AND and one add per k-block;
+  // -1.3..-2.6% at M = 1 on both GPUs, docs/kernels.md ## GEMV step 29).
+  uint32_t order = 0;
   auto compute = [&](const Stage& st, float (&acc)[4]) {
-    const ZeroF16x8 zlo = row_zero((st.z0 >> l.zshift) & 0xF);
-    const ZeroF16x8 zhi = row_zero((st.z1 >> l.zshift) & 0xF);
+    const int zshift = l.zshift + (int)order;
+    const ZeroF16x8 zlo = row_zero((st.z0 >> zshift) & 0xF);
+    const ZeroF16x8 zhi = row_zero((st.z1 >> zshift) & 0xF);
     const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w};
     const uint32_t wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
-    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    // two mma chains (even and odd words): a k-block's 8 dependent mma become two chains of 4,
+    // which halves the warp's wait on the tensor core (-3..-7% at M = 8, M = 1 unchanged)
+    float te[4] = {0.f, 0.f, 0.f, 0.f};
+    float to[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint4 xv = __ldg(px + j);
       uint32_t dl[4], dh[4];
       u4x8_minus_zero_f16x8(wl[j], zlo, dl);
       u4x8_minus_zero_f16x8(wh[j], zhi, dh);
+      float (&t)[4] = j % 2 ? to : te;
       mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv.x, xv.y);
       mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv.z, xv.w);
     }
     px += 16;
     const float slo = __half2float(__ushort_as_half((unsigned short)st.s0));
     const float shi = __half2float(__ushort_as_half((unsigned short)st.s1));
-    acc[0] = fmaf(slo, t[0], acc[0]);
-    acc[1] = fmaf(slo, t[1], acc[1]);
-    acc[2] = fmaf(shi, t[2], acc[2]);
-    acc[3] = fmaf(shi, t[3], acc[3]);
+    acc[0] = fmaf(slo, te[0] + to[0], acc[0]);
+    acc[1] = fmaf(slo, te[1] + to[1], acc[1]);
+    acc[2] = fmaf(shi, te[2] + to[2], acc[2]);
+    acc[3] = fmaf(shi, te[3] + to[3], acc[3]);
+    order = __float_as_uint(acc[3]) & a.order_mask;
   };
 
   // D stages in a ring with compile-time slots: slot d is computed, then immediately refilled
@@ -608,6 +625,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   a.group_magic = magic;
   a.kblocks = kblocks;
   a.kb_per_warp = kb_per_warp;
+  a.order_mask = 0;
   a.kb_per_group = groups == 1 ? kblocks + 1 : (G % 128 == 0 ? static_cast<int>(G / 128) : 1);
   fn<<<tiles, warps * 32, (size_t)warps * v.smem_per_warp, stream>>>(a);
   return cudaGetLastError();

@@ -10,6 +10,8 @@
 //                (32 KB apart) over k-blocks [wP, (w+1)P), S warps per tile
 //   kb-major     [K/128][N/8][8][16]: neighbouring tiles read neighbouring memory
 //   tile-contig  [N/16][K/128][2][8][16]: one contiguous stream per warp
+// Also timed: linear reads of 8.4 / 29.4 / 33.6 MB (the small shapes' int4 weights), with one and
+// with four loads in flight per thread, and an empty kernel (the launch's fixed cost in a graph).
 // Buffers hold a constant byte: plain cudaMalloc memory is never compressed, so the content does
 // not change the read rate.
 // Launch: one block of S warps per 16-row tile (1792 tiles), as the kernel. Timing: CUDA graph of
@@ -37,6 +39,26 @@ __global__ void lin(const uint4* __restrict__ a, size_t n, uint32_t* out) {
   }
   if (acc == 0x12345678) out[0] = acc;
 }
+
+// lin with U independent loads in flight per thread (grid-stride, unrolled)
+template <int U>
+__global__ void lin_u(const uint4* __restrict__ a, size_t n, uint32_t* out) {
+  uint32_t acc = 0; uint64_t pol = pol_ef();
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (; i + (U - 1) * stride < n; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = ldw(a + i + u * stride, pol);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) { uint4 v = ldw(a + i, pol); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  if (acc == 0x12345678) out[0] = acc;
+}
+
+// the fixed cost of one launch in this harness: a kernel that does nothing
+__global__ void empty_kernel(uint32_t* out) { if (threadIdx.x == 1023) out[0] = 1; }
 
 // mode 0: w4-gemv layout [N/8][KB][512B]: lo = tile 2t, hi = tile 2t+1 (kblocks*512 B apart)
 // mode 1: k-block-major [KB][N/8][512B]
@@ -105,7 +127,13 @@ int main() {
     char name[128];
     snprintf(name, sizeof name, "linear %.1f MB (%d sets)", mb, nb);
     time_n(name, nb_bytes, nb, [&](uint4*) { lin<<<132 * 8, 256, 0, st>>>(sub[idx++ % nb], nb_bytes / 16, out); });
+    snprintf(name, sizeof name, "linear U=4 %.1f MB (%d sets)", mb, nb);
+    time_n(name, nb_bytes, nb, [&](uint4*) { lin_u<4><<<132 * 8, 256, 0, st>>>(sub[idx++ % nb], nb_bytes / 16, out); });
+    snprintf(name, sizeof name, "linear U=4 x2 blocks %.1f MB", mb);
+    time_n(name, nb_bytes, nb, [&](uint4*) { lin_u<4><<<132 * 4, 512, 0, st>>>(sub[idx++ % nb], nb_bytes / 16, out); });
   }
+  time_n("empty kernel 1056x256 (us only)", 0, NB, [&](uint4*) { empty_kernel<<<132 * 8, 256, 0, st>>>(out); });
+  time_n("empty kernel 132x32 (us only)", 0, NB, [&](uint4*) { empty_kernel<<<132, 32, 0, st>>>(out); });
   const char* mn[3] = {"w4-gemv", "kb-major", "tile-contig"};
   for (int mode = 0; mode < 3; ++mode)
     for (int S : {1, 2, 4}) {
