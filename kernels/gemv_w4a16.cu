@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
     const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w};
     const uint32_t wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
     // two mma chains (even and odd words): a k-block's 8 dependent mma become two chains of 4,
-    // which halves the warp's wait on the tensor core (-3..-7% at M = 8, M = 1 unchanged)
+    // which halves the warp's wait on the tensor core (-1..-7% at M = 8, M = 1 unchanged)
     float te[4] = {0.f, 0.f, 0.f, 0.f};
     float to[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
