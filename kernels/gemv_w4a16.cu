@@ -438,9 +438,34 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
   return v;
 }
 
+// Timeline hooks for kernels/probes/gemv_trace.cu only (w4's own build leaves W4_GEMV_TRACE
+// undefined and the stamps compile to nothing): lane 0 of each warp records the global timer (ns)
+// and its SM's cycle counter at the kernel's entry, after the ring's last trip, after its last
+// k-block and after the store.
+#ifdef W4_GEMV_TRACE
+__device__ unsigned long long g_gemv_trace[W4_GEMV_TRACE][9];  // [warp][4 timers, 4 clocks, smid]
+__device__ __forceinline__ void gemv_trace(int slot) {
+  const int id = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if ((threadIdx.x & 31) != 0 || id >= W4_GEMV_TRACE) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_gemv_trace[id][slot] = t;
+  g_gemv_trace[id][4 + slot] = clock64();
+  if (slot == 0) {
+    unsigned int sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_gemv_trace[id][8] = sm;
+  }
+}
+#define W4_GEMV_STAMP(slot) gemv_trace(slot)
+#else
+#define W4_GEMV_STAMP(slot)
+#endif
+
 // Up to 128 registers: one 16-warp block or several smaller ones per SM.
 template <int D, bool kG128>
 __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
+  W4_GEMV_STAMP(0);
   extern __shared__ __align__(128) uint8_t dsmem[];
   auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
   const int lane = threadIdx.x & 31;
@@ -528,11 +553,14 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
         load(st[d]);
       }
     }
+    W4_GEMV_STAMP(1);
 #pragma unroll
     for (int d = 0; d < D; ++d) compute(st[d], d % 2 ? acc1 : acc0);
     kb = kb_main_end - n;  // the last n < D whole k-blocks go through the checked path
   }
+  W4_GEMV_STAMP(2);
   finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
+  W4_GEMV_STAMP(3);
 }
 
 using KernelFn = void (*)(const Args);

@@ -126,13 +126,14 @@ def test_exact_every_split(kernels, splits):
 # G = 128, 256 and one group with K >= 4096 take the scale-after-mma path (variant 0: the
 # pipelined kernel, variant 1: the lean one); G = 64, smaller K and variant 2 the per-weight one.
 # 4224 = 33 k-blocks: an odd count per warp leaves one whole k-block to the pipeline's checked tail;
-# 4160 (one group) ends in a partial k-block; N = 1032, 264, 40, 136, 24 end in a half-empty 16-row
-# tile, N = 1024, 512, 992, 64 in whole ones
+# 4160 (one group) ends in a partial k-block; N = 1032, 264, 40, 136, 24, 2120 end in a half-empty
+# 16-row tile, the others in whole ones; N >= 2112 gives more tiles than an H100 or H200 has SMs
 @pytest.mark.parametrize("variant", range(3))
 @pytest.mark.parametrize(
     "k,n,m,g",
     [(8192, 1032, 1, 128), (8192, 1032, 5, 256), (4224, 264, 2, 128), (4160, 40, 3, 4160), (2304, 136, 8, 64),
-     (160, 24, 3, 160), (8192, 1024, 3, 128), (4224, 512, 1, 128), (8192, 992, 8, 256), (4160, 64, 2, 4160)],
+     (160, 24, 3, 160), (8192, 1024, 3, 128), (4224, 512, 1, 128), (8192, 992, 8, 256), (4160, 64, 2, 4160),
+     (8192, 2120, 1, 128), (4352, 2176, 3, 256), (4096, 4096, 8, 128), (4096, 2112, 2, 4096)],
 )
 def test_exact_every_variant(kernels, variant, k, n, m, g):
     layer = make_layer(k, n, g, seed=variant + k, exact=True)
