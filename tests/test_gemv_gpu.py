@@ -127,7 +127,8 @@ def test_exact_every_split(kernels, splits):
 # pipelined kernel, variant 1: the lean one); G = 64, smaller K and variant 2 the per-weight one.
 # 4224 = 33 k-blocks: an odd count per warp leaves one whole k-block to the pipeline's checked tail;
 # 4160 (one group) ends in a partial k-block; N = 1032, 264, 40, 136, 24, 2120 end in a half-empty
-# 16-row tile, the others in whole ones; N >= 2112 gives more tiles than an H100 or H200 has SMs
+# 16-row tile, the others in whole ones; N >= 2112 gives at least as many tiles as an H100 or H200
+# has SMs (132)
 @pytest.mark.parametrize("variant", range(3))
 @pytest.mark.parametrize(
     "k,n,m,g",

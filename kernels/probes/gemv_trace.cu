@@ -56,7 +56,8 @@ static double median(std::vector<double> v) {
 
 int main() {
   const int shapes[][2] = {{4096, 14336}, {14336, 4096}, {8192, 8192}, {8192, 28672}, {28672, 8192}};
-  const int G = 128, M = 1, launches = 15, slots = 9;
+  const int G = 128, M = 1, launches = 15;
+  const int slots = sizeof(w4::g_gemv_trace[0]) / sizeof(w4::g_gemv_trace[0][0]);  // stamps per warp
   const size_t flush_bytes = size_t{256} << 20;
   uint4* flush = nullptr;
   uint32_t* sink = nullptr;
