@@ -25,14 +25,7 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                          \
-  do {                                                                 \
-    cudaError_t e = (x);                                               \
-    if (e != cudaSuccess) {                                            \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                         \
-    }                                                                  \
-  } while (0)
+#include "probe.cuh"
 
 __global__ void read_flush(const uint4* p, size_t n, uint32_t* out) {
   uint32_t acc = 0;

@@ -22,15 +22,8 @@
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
-
-__device__ __forceinline__ uint4 ldw(const uint4* p, uint64_t pol) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  return v;
-}
-__device__ __forceinline__ uint64_t pol_ef() { uint64_t p; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p)); return p; }
+#include "../gemv_w4a16.cu"
+#include "probe.cuh"
 
 // linear grid-stride read, U independent 16-byte loads in flight per thread
 template <int U>
