@@ -1,6 +1,6 @@
 // balance.cu: a standalone probe (not built into w4): would handing out the GEMV's work at run
 // time, grid-wide, let its read pattern reach more of the copy rate on the 29-34 MB shapes?
-// Answers docs/kernels.md ## GEMV step 43.
+// Answers docs/kernels.md ## GEMV steps 43 and 44.
 //
 // Step 41 found that the default kernel ends with its slowest warps, 2.6-2.8 us after the median
 // warp issued its last load, and that warps of one SM leave their rings 1.3-2.3 us apart. Before
@@ -29,14 +29,18 @@
 //   queue     one 16-warp block per SM (2112 warps), F static units each, the rest from the queue
 // Timing: CUDA graph over rotating sets (> 4x the 50 MiB L2 per round), 40 replays, median; % of
 // a 512 MiB copy by an SM kernel timed the same way (the bytes counted are the weights alone).
+// `/tmp/bal rotate` times only the static split, plain and with each unit's k-blocks walked from
+// a rotated start ((j + u R) mod P, R = 1, 3, 5), so that warps running in step read different
+// offsets of their tiles (step 44).
 // Build and run on a GPU machine (from the repository root):
-//   nvcc -O3 -std=c++17 -arch=sm_90 kernels/probes/balance.cu -o /tmp/bal && /tmp/bal
+//   nvcc -O3 -std=c++17 -arch=sm_90 kernels/probes/balance.cu -o /tmp/bal && /tmp/bal [rotate]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "../gemv_w4a16.cu"
@@ -45,6 +49,7 @@
 struct Geo {
   int kblocks, units_per_tile, C, units, F;
   bool dynamic, fixup;
+  int rot = 0;  // unit u walks its k-blocks starting at (u * rot) % C, wrapping (step 44)
 };
 
 // One k-block of a unit: the two 512-byte tiles of rows 0-7 and 8-15.
@@ -55,7 +60,7 @@ struct Slot {
 __device__ __forceinline__ void load_slot(Slot& s, const uint4* a, const Geo& g, int unit, int j,
                                           int lane, uint64_t pol) {
   const int tile = unit / g.units_per_tile;
-  const int kb = (unit % g.units_per_tile) * g.C + j;
+  const int kb = (unit % g.units_per_tile) * g.C + (g.rot ? (j + unit * g.rot) % g.C : j);
   const size_t lo = ((size_t)(2 * tile) * g.kblocks + kb) * 32 + lane;
   s.lo = ldw(a + lo, pol);
   s.hi = ldw(a + lo + (size_t)g.kblocks * 32, pol);
@@ -155,8 +160,10 @@ __global__ void walk(const uint4* __restrict__ a, Geo g, unsigned* queue, unsign
   if (acc == 0x12345678u) out[0] = acc;
 }
 
-int main() {
-  const int shapes[][2] = {{4096, 14336}, {14336, 4096}, {8192, 8192}, {8192, 28672}};
+int main(int argc, char** argv) {
+  // `balance rotate`: only the static split, with its k-ranges walked from rotated starts
+  const bool rotate_only = argc > 1 && std::string(argv[1]) == "rotate";
+  const int shapes[][2] = {{4096, 14336}, {14336, 4096}, {8192, 8192}, {8192, 28672}, {28672, 8192}};
   int sms = 0;
   int smem_sm = 0, smem_reserved = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -242,6 +249,13 @@ int main() {
     char name[96];
     snprintf(name, sizeof name, "static: %d blocks x %d warps, P = %d", tiles, S, P);
     run(name, tiles, S, smem_static, Geo{kblocks, S, P, tiles * S, 1, false, false});
+    for (int rot : {1, 3, 5}) {
+      snprintf(name, sizeof name, "static, start rotated by unit * %d", rot);
+      Geo g{kblocks, S, P, tiles * S, 1, false, false};
+      g.rot = rot;
+      run(name, tiles, S, smem_static, g);
+    }
+    if (rotate_only) continue;
     snprintf(name, sizeof name, "static + fix-up (C = %d)", P);
     run(name, tiles, S, smem_static, Geo{kblocks, S, P, tiles * S, 1, false, true});
     const int nwarps = sms * warps_per_sm;

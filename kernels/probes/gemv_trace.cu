@@ -1,5 +1,5 @@
 // gemv_trace.cu: a standalone probe (not built into w4): where the GEMV's time goes in one launch.
-// Answers docs/kernels.md ## GEMV step 41.
+// Answers docs/kernels.md ## GEMV steps 41 and 44.
 //
 // Builds kernels/gemv_w4a16.cu with W4_GEMV_TRACE defined, so the default (pipelined) kernel
 // records per warp the global timer (ns, common to all SMs, coarse) and its SM's cycle counter
@@ -14,12 +14,16 @@
 //   over the grid, from the global timer: the entry skew (last warp's entry - first) and the span
 //   (first entry -> last store), the spread of the SMs' finishing times, and how far apart the
 //   warps leave their rings within one SM and across SMs
+//   whether the same warps are slow every launch (step 44): the correlation of the warps' ring
+//   times between consecutive launches, the spread of each warp's mean over the launches against
+//   the spread within one, and the mean ring time by k-range position in the tile
 // Build and run on a GPU machine (from the repository root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels kernels/probes/gemv_trace.cu -o /tmp/gt && /tmp/gt
 #define W4_GEMV_TRACE 8192
 #include "../gemv_w4a16.cu"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -83,6 +87,8 @@ int main() {
     CK(cudaMemcpy(s, hs.data(), hs.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     std::vector<double> within, across;
+    std::vector<std::vector<double>> ring_of;  // per timed launch: each warp's ring time (cycles), by warp id
+    std::vector<std::vector<int>> sm_of;       // ... and its SM
     std::vector<double> ring, drain, reduce, ghz, ring_mx, drain_mx, red_mx, warp_mx, skew, span, f10, f50, fmax;
     int warps = 0, sms = 0;
     for (int it = 0; it < launches + 2; ++it) {
@@ -114,6 +120,12 @@ int main() {
         if (r[3] > r[0] + 2000) clk.push_back((c3 - c0) / (double)(r[3] - r[0]));  // cycles per ns
       }
       if (it < 2) continue;  // warm-up launches
+      ring_of.emplace_back(W4_GEMV_TRACE, -1.0);
+      sm_of.emplace_back(W4_GEMV_TRACE, -1);
+      for (int w = 0; w < W4_GEMV_TRACE; ++w) {
+        const unsigned long long* r = &t[(size_t)w * slots];
+        if (r[0]) ring_of.back()[w] = (double)(r[5] ? r[5] : r[6]) - (double)r[4], sm_of.back()[w] = (int)r[8];
+      }
       std::vector<double> in_sm, sm_med;
       for (auto& v : sm_ring) {
         if (v.empty()) continue;
@@ -150,6 +162,78 @@ int main() {
            median(f10), median(f50), median(fmax));
     printf("%12s ring end within an SM (max - min, median SM): %.2f us; across SMs (slowest SM's median warp - fastest's): %.2f us\n",
            "", median(within), median(across));
+    // Is a warp slow because of what it reads (the same warps slow every launch) or by chance?
+    // r: Pearson correlation of the warps' ring times between consecutive launches; the spread of
+    // each warp's mean over the launches against the spread within one launch; and the mean ring
+    // time of each k-range position in the tile (warp id % S), relative to the overall mean.
+    {
+      const int S = warps / ((N + 15) / 16);
+      auto pearson = [](const std::vector<double>& a, const std::vector<double>& b) {
+        double ma = 0, mb = 0;
+        int n = 0;
+        for (size_t i = 0; i < a.size(); ++i)
+          if (a[i] >= 0 && b[i] >= 0) ma += a[i], mb += b[i], ++n;
+        ma /= n, mb /= n;
+        double sab = 0, saa = 0, sbb = 0;
+        for (size_t i = 0; i < a.size(); ++i)
+          if (a[i] >= 0 && b[i] >= 0) sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma), sbb += (b[i] - mb) * (b[i] - mb);
+        return sab / std::sqrt(saa * sbb);
+      };
+      std::vector<double> rs, sd_launch;
+      for (size_t i = 0; i + 1 < ring_of.size(); ++i) rs.push_back(pearson(ring_of[i], ring_of[i + 1]));
+      std::vector<double> mean_w(W4_GEMV_TRACE, 0.0);
+      std::vector<double> pos_sum(S, 0.0);
+      std::vector<int> pos_n(S, 0);
+      double all = 0;
+      int all_n = 0;
+      for (const auto& v : ring_of) {
+        double m = 0, q = 0;
+        int n = 0;
+        for (int w = 0; w < W4_GEMV_TRACE; ++w)
+          if (v[w] >= 0) {
+            m += v[w], q += v[w] * v[w], ++n;
+            mean_w[w] += v[w] / ring_of.size();
+            pos_sum[w % S] += v[w], ++pos_n[w % S];
+            all += v[w], ++all_n;
+          }
+        m /= n;
+        sd_launch.push_back(std::sqrt(q / n - m * m));
+      }
+      double m = 0, q = 0;
+      int n = 0;
+      for (int w = 0; w < W4_GEMV_TRACE; ++w)
+        if (ring_of[0][w] >= 0) m += mean_w[w], q += mean_w[w] * mean_w[w], ++n;
+      m /= n;
+      const double g = median(ghz) * 1000.0;  // cycles per us
+      printf("%12s warps' ring times, launch to launch: r = %.2f; sd of a warp's mean %.2f us vs sd within a launch %.2f us; k-range position (of %d) vs mean:",
+             "", median(rs), std::sqrt(q / n - m * m) / g, median(sd_launch) / g, S);
+      for (int p = 0; p < S; ++p) printf(" %+.2f", (pos_sum[p] / pos_n[p] - all / all_n) / g);
+      printf(" us\n");
+      // the share of a launch's ring-time variance that lies between SMs, and how many warps run
+      // on the same SM as in the launch before
+      std::vector<double> share, same;
+      for (size_t i = 0; i < ring_of.size(); ++i) {
+        std::vector<double> sum(1024, 0.0);
+        std::vector<int> cnt(1024, 0);
+        double mu = 0, tot = 0;
+        int k = 0, kept = 0;
+        for (int w = 0; w < W4_GEMV_TRACE; ++w)
+          if (ring_of[i][w] >= 0) {
+            sum[sm_of[i][w]] += ring_of[i][w], ++cnt[sm_of[i][w]], mu += ring_of[i][w], ++k;
+            if (i > 0 && sm_of[i][w] == sm_of[i - 1][w]) ++kept;
+          }
+        mu /= k;
+        double between = 0;
+        for (int w = 0; w < W4_GEMV_TRACE; ++w)
+          if (ring_of[i][w] >= 0) tot += (ring_of[i][w] - mu) * (ring_of[i][w] - mu);
+        for (int c = 0; c < 1024; ++c)
+          if (cnt[c]) between += cnt[c] * (sum[c] / cnt[c] - mu) * (sum[c] / cnt[c] - mu);
+        share.push_back(between / tot);
+        if (i > 0) same.push_back((double)kept / k);
+      }
+      printf("%12s between-SM share of the ring-time variance %.0f%%; warps on the same SM as the launch before %.0f%%\n", "",
+             100 * median(share), 100 * median(same));
+    }
     CK(cudaFree(q));
     CK(cudaFree(z));
     CK(cudaFree(s));
