@@ -192,32 +192,7 @@ int main(int argc, char** argv) {
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
   }
   // graph of `rounds` launches over rotating sets, 40 replays, median us per launch
-  auto time_us = [&](int rounds, auto launch) {
-    for (int i = 0; i < 2 * rounds; ++i) launch(i);
-    CK(cudaStreamSynchronize(st));
-    cudaGraph_t gr;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < rounds; ++i) launch(i);
-    CK(cudaStreamEndCapture(st, &gr));
-    CK(cudaGraphInstantiate(&ge, gr, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    for (int r = 0; r < 40; ++r) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1000.f / rounds);
-    }
-    CK(cudaGetLastError());
-    std::sort(t.begin(), t.end());
-    return (double)t[20];
-  };
+  auto time_us = [&](int rounds, auto launch) { return graph_time_us(st, rounds, 2 * rounds, launch); };
   const double copy_us = time_us(4, [&](int) {
     copy_kernel<<<sms * 8, 256, 0, st>>>(reinterpret_cast<const uint4*>(pool), reinterpret_cast<uint4*>(pool2),
                                          pool_bytes / 16);

@@ -83,20 +83,8 @@ int main() {
   cudaStream_t st; CK(cudaStreamCreate(&st));
   // time `launch` over `nb` rotating buffers (each of `nbytes`), graph of 2 rounds, median of 40
   auto time_n = [&](const char* name, size_t nbytes, int nb, auto launch) {
-    for (int i = 0; i < 20; ++i) launch(buf[i % nb]);  // warm-up
-    cudaGraph_t g; cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 2 * nb; ++i) launch(buf[i % nb]);
-    CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-    std::vector<float> t;
-    for (int r = 0; r < 40; ++r) {
-      cudaEventRecord(e0, st); cudaGraphLaunch(ge, st); cudaEventRecord(e1, st); cudaEventSynchronize(e1);
-      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000 / (2 * nb));
-    }
-    CK(cudaGetLastError());
-    std::sort(t.begin(), t.end());
-    printf("%-40s %8.2f us  %7.0f GB/s\n", name, t[20], nbytes / (t[20] * 1e3));
+    const double us = graph_time_us(st, 2 * nb, 20, [&](int i) { launch(buf[i % nb]); });
+    printf("%-40s %8.2f us  %7.0f GB/s\n", name, us, nbytes / (us * 1e3));
   };
   auto time = [&](const char* name, auto launch) { time_n(name, bytes, NB, launch); };
   time("linear 132x16 blocks x 256", [&](uint4* b) { lin_u<1><<<132 * 8, 256, 0, st>>>(b, n4, out); });
