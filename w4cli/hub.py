@@ -3,19 +3,28 @@
 Hub loading goes through huggingface_hub, so the standard cache, HF_TOKEN, HF_HUB_OFFLINE and
 HF_ENDPOINT behave as they do for every other tool. config.json comes first, so a checkpoint w4
 cannot read is refused before gigabytes are downloaded; then only what a conversion needs is
-fetched. Pickles (*.bin, *.pt, *.pth) and code (*.py) are never downloaded, loaded or copied.
+fetched. Pickles (*.bin, *.pt, *.pth) are never downloaded or loaded; code (*.py) is downloaded
+only for --include-code, to be copied verbatim, and never imported.
+
+Without HF_HUB_OFFLINE, one short connection attempt to the Hub (or the proxy that reaches it)
+comes first: when it fails, w4 answers from the local cache at once instead of sitting through
+huggingface_hub's retries (about 26 s of them for a repo that is not cached).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from w4cli.errors import UsageError, W4Error
 
-# What a conversion reads or copies: config and index JSON, weights, tokenizer, generation config
-# and chat templates. Everything else in a repo (pickles, code, images) stays on the Hub.
+# What a conversion reads or copies: config and index JSON, weights, tokenizer, generation config,
+# chat templates, and the model card and license terms that must travel with the weights.
+# Everything else in a repo (pickles, code, images) stays on the Hub.
 CHECKPOINT_PATTERNS = [
     "*.json",
     "*.safetensors",
@@ -23,8 +32,16 @@ CHECKPOINT_PATTERNS = [
     "*.tiktoken",
     "*.txt",
     "*.jinja",
+    "README.md",
+    "LICENSE*",
+    "LICENCE*",
+    "NOTICE*",
+    "USE_POLICY.md",
 ]
 CONFIG_PATTERNS = ["config.json"]
+# custom modelling code (config.json's auto_map): fetched and copied only for --include-code
+CODE_PATTERNS = ["*.py"]
+PROBE_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,9 @@ def _from_hub(
 
     where = f"'{repo_id}'" + (f" at revision '{revision}'" if revision else "")
     common = dict(revision=revision, token=token, cache_dir=cache_dir)
+    if not _offline() and not _reachable(_endpoint()):
+        # what HF_HUB_OFFLINE=1 would do, without the retries: the cached snapshot or one line
+        common["local_files_only"] = True
     try:
         if check_config is not None:
             check_config(Path(hf_hub_download(repo_id, "config.json", **common)))
@@ -106,11 +126,56 @@ def _from_hub(
     except RevisionNotFoundError:
         raise FetchFailed(f"{where}: no such revision") from None
     except LocalEntryNotFoundError:
+        if _offline():
+            raise FetchFailed(f"{where} is not in the local Hub cache (HF_HUB_OFFLINE is set)") from None
         raise FetchFailed(
-            f"{where} is not in the local Hub cache and the Hub cannot be reached (offline: HF_HUB_OFFLINE is set or no network)"
+            f"{where} is not in the local cache and the Hub cannot be reached; set HF_HUB_OFFLINE=1 to use only the cache"
         ) from None
     except EntryNotFoundError:
         raise FetchFailed(f"{where} has no config.json") from None
     except OSError as exc:  # network and HTTP errors subclass OSError in huggingface_hub
         raise FetchFailed(f"{where} could not be downloaded: {exc}".splitlines()[0]) from None
     return Snapshot(path=path, repo_id=repo_id, revision=path.name)
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _reachable(endpoint: str) -> bool:
+    """One TCP connection to the endpoint, or to the proxy that the environment routes it
+    through, within PROBE_SECONDS. It says nothing about authorisation or the repo, only whether
+    asking is worth it."""
+    url = urlsplit(endpoint)
+    proxy = None
+    if not _bypasses_proxy(url.hostname or ""):
+        for name in (f"{url.scheme}_proxy", "all_proxy"):
+            proxy = os.environ.get(name) or os.environ.get(name.upper())
+            if proxy:
+                break
+    if proxy and "://" not in proxy:
+        proxy = f"http://{proxy}"
+    target = urlsplit(proxy) if proxy else url
+    host = target.hostname
+    if not host:
+        return True  # an endpoint w4 cannot parse: let huggingface_hub say what is wrong
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_SECONDS):
+            return True
+    except OSError:
+        return False
+
+
+def _bypasses_proxy(host: str) -> bool:
+    no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
+    entries = [entry.strip().lstrip(".") for entry in no_proxy.split(",") if entry.strip()]
+    return "*" in entries or any(host == entry or host.endswith("." + entry) for entry in entries)

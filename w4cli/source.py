@@ -54,16 +54,40 @@ def open_for_conversion(
     return open_quantized(snapshot.path)
 
 
-def aux_files(checkpoint: Checkpoint) -> list[str]:
-    """Tokenizer, generation config, chat templates...: copied unchanged. Only names a Hub
-    download would fetch, so a local directory and its Hub copy give the same output."""
+def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:
+    """Tokenizer, generation config, chat templates, model card, license terms (and with
+    include_code the *.py files) copied unchanged. Only names a Hub download would fetch, so a
+    local directory and its Hub copy give the same output. Each is checked here, before any work,
+    to be a regular file inside the checkpoint, and again when it is copied (writer.copy_files)."""
+    import os
     from fnmatch import fnmatch
 
+    from w4cli.safe_files import open_regular
+
+    patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
     names = []
     for path in sorted(checkpoint.root.iterdir()):
         name = path.name
-        if not path.is_file() or name.startswith(".") or name in NOT_COPIED or name.endswith(".safetensors"):
+        if name.startswith(".") or name in NOT_COPIED or name.endswith(".safetensors"):
             continue
-        if any(fnmatch(name, pattern) for pattern in hub.CHECKPOINT_PATTERNS):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        if any(fnmatch(name, pattern) for pattern in patterns):
+            os.close(open_regular(path, checkpoint.root))
             names.append(name)
     return names
+
+
+def custom_code_files(config: dict) -> list[str]:
+    """The Python files config.json's auto_map points transformers at ("modeling_x.Cls" ->
+    modeling_x.py; "org/repo--modeling_x.Cls" lives in another repo and is not listed)."""
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict):
+        return []
+    files = set()
+    for value in auto_map.values():
+        for reference in value if isinstance(value, list) else [value]:
+            if isinstance(reference, str) and "--" not in reference and "." in reference:
+                module = reference.rsplit(".", 1)[0]
+                files.add(module.replace(".", "/") + ".py")
+    return sorted(files)

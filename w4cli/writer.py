@@ -283,6 +283,12 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 def copy_files(source: Path, directory: Path, names: Iterable[str]) -> None:
+    """Copy checkpoint files byte for byte. Each is opened through safe_files.open_regular (a
+    regular file inside the checkpoint; the Hub cache's links into blobs/ qualify), so the output
+    holds real files and nothing from elsewhere on the machine. New files get the mode any file
+    the user creates gets, never the source's."""
+    from w4cli.safe_files import open_regular
+
     for name in names:
-        # copyfile follows the Hub cache's symlinks into blobs/, so the output holds real files
-        shutil.copyfile(source / name, directory / name)
+        with os.fdopen(open_regular(source / name, source), "rb") as src, open(directory / name, "xb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
