@@ -269,8 +269,10 @@ def test_unreachable_hub_uses_the_cached_snapshot(tmp_path):
     cache = tmp_path / "hub"
     install_hub_cache(cache, REPO, files)
     endpoint = f"http://127.0.0.1:{closed_port()}"
+    start = time.perf_counter()
     result = run_w4("dequantize", REPO, tmp_path / "out", "--cache-dir", cache, "--device", "cpu",
                     timeout=60, HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint)
     assert result.returncode == 0, result.stderr
     assert "Retry" not in result.stderr
+    assert time.perf_counter() - start < 15
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
