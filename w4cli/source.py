@@ -23,14 +23,17 @@ def _check_config_file(path: Path) -> None:
     parse_scheme(qc, source)
 
 
-def resolve(model: str, revision: str | None, token: str | None, cache_dir: Path | None) -> hub.Snapshot:
+def resolve(
+    model: str, revision: str | None, token: str | None, cache_dir: Path | None, include_code: bool = False
+) -> hub.Snapshot:
     # the legacy quant_config.json sits beside config.json, so the early check only runs when
     # config.json itself declares the quantization
     def early_check(path: Path) -> None:
         if "quantization_config" in read_json(path):
             _check_config_file(path)
 
-    return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, check_config=early_check)
+    patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
+    return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=patterns, check_config=early_check)
 
 
 def open_quantized(root: Path) -> QuantModel:
@@ -91,3 +94,23 @@ def custom_code_files(config: dict) -> list[str]:
                 module = reference.rsplit(".", 1)[0]
                 files.add(module.replace(".", "/") + ".py")
     return sorted(files)
+
+
+def files_to_copy(checkpoint: Checkpoint, include_code: bool) -> list[str]:
+    """aux_files, saying so on stderr when config.json's auto_map needs Python files that the
+    output will lack: transformers cannot load the result without them, and w4 never copies code
+    unless asked (and never imports it)."""
+    from w4cli import console
+
+    names = aux_files(checkpoint, include_code)
+    needed = custom_code_files(checkpoint.config)
+    if needed and not include_code:
+        console.note(
+            f"warning: config.json's auto_map loads custom code ({', '.join(needed)}), which w4 does not copy "
+            "(w4 never copies or runs code): the output will not load without it; "
+            "--include-code copies the checkpoint's *.py files verbatim (w4 never imports them)"
+        )
+    missing = [name for name in needed if include_code and name not in names]
+    if missing:
+        console.note(f"warning: config.json's auto_map names {', '.join(missing)}, which the checkpoint does not hold")
+    return names
