@@ -84,8 +84,8 @@ def test_usage_error_from_the_console_script_is_the_same_line(tmp_path):
                             capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == EXIT_USAGE
     assert result.stderr.splitlines() == [
-        "error: Invalid value for '--dtype': 'int8' is not one of 'float16', 'bfloat16', 'float32'. "
-        "(see python -m w4cli dequantize --help)"
+        "error: Invalid value for '--dtype': 'int8' is not one of 'float16', 'bfloat16', 'float32', 'fp16', 'bf16', "
+        "'fp32', 'auto'. (see python -m w4cli dequantize --help)"
     ]
 
 

@@ -81,6 +81,10 @@ class Dtype(str, Enum):
     float16 = "float16"
     bfloat16 = "bfloat16"
     float32 = "float32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp32 = "fp32"
+    auto = "auto"
 
 
 class Device(str, Enum):
@@ -89,7 +93,14 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Output dtype; (q - z) * s is rounded once to it.")]
+DtypeOpt = Annotated[
+    Dtype,
+    typer.Option(
+        "--dtype",
+        help="Output dtype; (q - z) * s is rounded once to it. fp16, bf16, fp32 are short for float16, bfloat16, "
+        "float32; auto is the checkpoint's own: its scales' dtype, else config.json's.",
+    ),
+]
 DeviceOpt = Annotated[
     Device, typer.Option("--device", help="auto: w4's CUDA kernel when a GPU is usable, else the CPU reference.")
 ]
