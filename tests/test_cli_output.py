@@ -1,5 +1,6 @@
-"""What w4 prints: names escaped so no file name can forge a line or drive the terminal, and one
-JSON document under --json even when the command fails."""
+"""What w4 prints: names escaped so no file name can forge a line or drive the terminal, summaries
+with units and a `bound by` that follows from the numbers, bench's markdown, and one JSON document
+under --json even when the command fails."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from tests.awq_builder import small_model
 from w4cli import console
+from w4cli.convert import ConversionReport
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_REFUSED
 
 FORGED = "o\nerror: all good"
@@ -67,6 +69,47 @@ def test_undecodable_output_name_is_reported_not_a_crash(tmp_path, w4):
     result = w4("dequantize", src, out, "--device", "cpu")
     assert result.exit_code == EXIT_REFUSED, result.stderr
     assert "o\\udcff" in result.stderr and "internal error" not in result.stderr
+
+
+# ---- units and bound by ----
+
+
+def report(seconds: float, read: float, compute: float, write: float) -> ConversionReport:
+    return ConversionReport(Path("out"), [], 1, 10**6, 4 * 10**6, seconds, read, compute, write)
+
+
+@pytest.mark.parametrize("seconds, read, compute, write, bound", [
+    (0.951, 0.012, 0.0, 0.0, "other work"),  # a tiny checkpoint: opening and checking dominate
+    (0.0, 0.0, 0.0, 0.0, "other work"),
+    (10.0, 1.0, 2.0, 8.0, "writing"),  # writing overlaps producing: 8 s of 10 is the slower stage
+    (10.0, 6.0, 2.0, 5.0, "reading"),
+    (10.0, 1.0, 7.0, 5.0, "compute"),
+    (10.0, 1.0, 2.0, 2.5, "other work"),
+])
+def test_bound_by_follows_from_the_numbers(seconds, read, compute, write, bound):
+    assert report(seconds, read, compute, write).bound_by == bound
+
+
+def test_summary_table_shows_units(tmp_path, w4):
+    src = small_model().write(tmp_path / "src")
+    result = w4("dequantize", src, tmp_path / "out", "--device", "cpu")
+    assert result.exit_code == 0, result.stderr
+    rows = {" ".join(line.strip("│┃ ").split("│")[0].split()): line.split("│")[-2].strip()
+            for line in result.stdout.splitlines() if line.count("│") == 3}
+    assert rows["total time"].endswith(" s") and rows["write time"].endswith(" s")
+    assert rows["throughput"].endswith(" MB/s") and rows["bytes out"].endswith(" MB")
+    assert rows["bound by"] == "other work"
+    assert "mb per s" not in result.stdout
+
+
+def test_bench_dry_run_markdown_is_a_pipe_table(w4):
+    result = w4("bench", "--shape", "4096x4096", "--shape", "4096x14336", "--dry-run", "--markdown")
+    assert result.exit_code == 0, result.stderr
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert table[0].split("|")[1].strip() == "K x N"
+    assert set(table[1].replace("|", "").replace(":", "").split()) == {"---"}
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["4096x4096", "4096x14336"]
+    assert not set("┏┃━│─┌└╭") & set(result.stdout)
 
 
 # ---- one JSON document when a command fails ----

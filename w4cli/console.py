@@ -152,8 +152,8 @@ def boundary(command: F) -> F:
 
 
 def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
-    """A command's result: one JSON document, or a two-column table for people. Keys ending in
-    `bytes...` print in MB."""
+    """A command's result: one JSON document, or a two-column table for people, each number with
+    its unit (the JSON keys name the unit instead)."""
     if as_json:
         emit_json(fields)
         return
@@ -166,9 +166,21 @@ def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
     for key, value in fields.items():
         if isinstance(value, list):
             continue
-        text = f"{value / 1e6:,.1f} MB" if key.startswith("bytes") else str(value)
-        table.add_row(Text(printable(key.replace("_", " "))), Text(printable(text)))
+        label, text = _with_unit(key, value)
+        table.add_row(Text(printable(label)), Text(printable(text)))
     stdout.print(table)
+
+
+def _with_unit(key: str, value: Any) -> tuple[str, str]:
+    """(label, value) of a summary row: `bytes_*` in MB, `*seconds` in s, `mb_per_s` in MB/s."""
+    if key.startswith("bytes") and isinstance(value, (int, float)):
+        return key.replace("_", " "), f"{value / 1e6:,.1f} MB"
+    if key.endswith("seconds") and isinstance(value, (int, float)):
+        label = key.removesuffix("seconds").rstrip("_") or "total"
+        return f"{label} time", f"{value:,.3f} s"
+    if key == "mb_per_s":
+        return "throughput", f"{value:,.1f} MB/s"
+    return key.replace("_", " "), str(value)
 
 
 @contextmanager

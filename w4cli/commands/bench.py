@@ -163,6 +163,11 @@ def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
         doc = {"shapes": render.to_json(report)["shapes"], "batches": batches, "group_size": group,
                "notes": render.notes(report)}
         console.emit_json(doc, json_file)
+        if str(json_file) == "-":
+            return
+    if markdown:
+        sys.stdout.write(render.shapes_markdown(report))
+        sys.stdout.flush()
         return
     console.stdout.print(render.shapes_table(report))
     for line in render.notes(report):
