@@ -38,8 +38,9 @@ test: $(STAMP)
 test-gpu:
 	$(GPU_PYTHON) -m pytest -m gpu -rA
 
+# one line per kernel file and arch; V=1 lists every kernel's registers and spills
 kernels-check:
-	bash kernels/check.sh
+	V=$(V) bash kernels/check.sh
 
 # streaming memory and throughput on a synthetic Llama-7B-shaped checkpoint (docs/performance.md)
 bench-stream: $(STAMP)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80 and sm_90 (no GPU needed), print
-# registers / shared memory / spills per kernel (-Xptxas -v), and fail on any local-memory spill.
+# kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80 and sm_90 (no GPU needed), report
+# registers and spills from ptxas (-Xptxas -v), and fail on any local-memory spill.
 # The .cu files are torch-free, so no torch include paths are needed; ops.cpp is not compiled here
 # (the JIT build in w4cli/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90)
+# One line per file and arch (kernel count, most registers, spill bytes); V=1 lists every kernel
+# (registers, barriers, stack, spills). A failed compile or a spill always prints in full.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 command -v nvcc >/dev/null || { echo "check.sh: nvcc not found on PATH" >&2; exit 3; }
 archs=("$@"); [ ${#archs[@]} -gt 0 ] || archs=(80 90)
+verbose="${V:-0}"; [ "$verbose" = 0 ] && verbose=""
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 status=0
 shopt -s nullglob
@@ -20,14 +23,26 @@ for cu in "$here"/*.cu; do
     fi
     # ptxas prints "Compiling entry function 'X'" / "Function properties for X", then the
     # stack/spill line and the "Used N registers" line.
-    awk -v f="$(basename "$cu")" -v a="$a" '
-      /Function properties for/ { name=$NF }
-      /bytes spill stores/ { spill=$0 }
-      /Used [0-9]+ registers/ {
-        regs=$0; sub(/.*Used /, "", regs);
-        printf "%-20s sm_%s  %s  %s |%s\n", f, a, name, regs, spill
-      }' "$log" | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; } \
-      | sed -E 's/void w4::\(anonymous namespace\):://; s/\(unsigned int const\*[^)]*\)//; s/\([^)]*\)  / /; s/ bytes stack frame,/B stack,/; s/ bytes spill (stores|loads)/ spill \1/g' 
+    if [ -n "$verbose" ]; then
+      awk -v f="$(basename "$cu")" -v a="$a" '
+        /Function properties for/ { name=$NF }
+        /bytes spill stores/ { spill=$0 }
+        /Used [0-9]+ registers/ {
+          regs=$0; sub(/.*Used /, "", regs);
+          printf "%-20s sm_%s  %s  %s |%s\n", f, a, name, regs, spill
+        }' "$log" | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; } \
+        | sed -E 's/void w4::\(anonymous namespace\):://; s/\(unsigned int const\*[^)]*\)//; s/\([^)]*\)  / /; s/ bytes stack frame,/B stack,/; s/ bytes spill (stores|loads)/ spill \1/g'
+    else
+      awk -v f="$(basename "$cu")" -v a="$a" '
+        /bytes spill stores/ {
+          for (i = 1; i < NF; i++) if ($(i + 1) == "bytes" && $(i + 2) == "spill") spill += $i
+        }
+        /Used [0-9]+ registers/ {
+          kernels++; regs = $0; sub(/.*Used /, "", regs); regs += 0
+          if (regs > most) most = regs
+        }
+        END { printf "%-20s sm_%s  %d kernels, registers max %d, spills %d bytes\n", f, a, kernels, most, spill }' "$log"
+    fi
     if grep -Eq '[1-9][0-9]* bytes spill (stores|loads)' "$log"; then
       echo "FAIL spills in $(basename "$cu") sm_$a:"; grep -B2 -E '[1-9][0-9]* bytes spill' "$log"; status=1
     fi

@@ -1,19 +1,79 @@
 """The `w4` command: registers the subcommands. Every command runs inside console.boundary, so a
-failure is one line on stderr and an exit code from docs/cli.md; W4_DEBUG=1 shows the traceback."""
+failure is one line on stderr and an exit code from docs/cli.md; W4_DEBUG=1 shows the traceback.
+
+Importing this module imports no torch, safetensors or huggingface_hub: `w4 --help` and
+`w4 --version` answer at once, and each command imports what it needs when it runs.
+"""
 
 from __future__ import annotations
 
-import typer
+import sys
+from collections.abc import Sequence
+from typing import Any
 
-from w4cli import __version__
+import typer
+from typer.core import TyperGroup
+
+from w4cli import __version__, console
 from w4cli.commands.bench import bench
 from w4cli.commands.dequantize import dequantize
 from w4cli.commands.gemv import gemv
 from w4cli.commands.repack import repack
 from w4cli.commands.verify import verify
+from w4cli.errors import EXIT_USAGE
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors found while parsing (an unknown option, a bad choice, a missing argument) as one
+    `error:` line and exit 2, as every other failure, instead of Typer's boxed usage message. It sits
+    in the command itself, so the console script and an in-process CliRunner behave the same."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+        args = list(sys.argv[1:] if args is None else args)
+        try:
+            outcome = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError:
+            outcome = EXIT_USAGE  # the help is already printed
+        except ClickException as exc:
+            outcome = _usage_error(exc, args)
+        if not standalone_mode:
+            return outcome
+        sys.exit(outcome if isinstance(outcome, int) else 0)
+
+
+def _usage_error(exc: Any, args: list[str]) -> int:
+    # Typer checks choices and ranges through pydantic, which prefixes the reason with its own
+    # exception kind ("Invalid value for '--dtype': Value error, 'int8' is not one of ...")
+    message = " ".join(exc.format_message().replace("Value error, ", "").split())
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        message += f" (see {ctx.command_path} --help)"
+    console.error_line(message)
+    if ctx is not None and _wants_json_on_stdout(ctx.command, args):
+        console.emit_json({"command": ctx.command.name, "ok": False, "error": message, "exit_code": exc.exit_code, "done": {}})
+    return exc.exit_code
+
+
+def _wants_json_on_stdout(command: Any, args: list[str]) -> bool:
+    """Whether the refused command line asked for JSON on stdout: `--json` where it is a flag,
+    `--json -` where it takes FILE. The options were not parsed, so this reads the words."""
+    option = next((p for p in getattr(command, "params", []) if "--json" in getattr(p, "opts", [])), None)
+    if option is None:
+        return False
+    for i, word in enumerate(args):
+        if option.is_flag and word == "--json":
+            return True
+        if not option.is_flag and (word == "--json=-" or (word == "--json" and args[i + 1 : i + 2] == ["-"])):
+            return True
+    return False
+
 
 app = typer.Typer(
     name="w4",
+    cls=_OneLineErrors,
     help="int4 (W4A16, AWQ) checkpoints: dequantize, repack, GEMV kernel, benchmarks, verification.",
     no_args_is_help=True,
     add_completion=False,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -41,19 +43,80 @@ def debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+# What a file, directory or tensor name must not carry onto a terminal: C0 and C1 controls and
+# DEL (a newline would forge a second `error:` line, ESC recolour or move the cursor), the Unicode
+# line and paragraph separators, the bidirectional overrides that reorder what is shown, and lone
+# surrogates (undecodable bytes in a file name) that no UTF-8 stream can encode.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: str) -> str:
+    """`text` with every character that could act on a terminal written as a Python escape."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
 def error_line(message: str) -> None:
     # markup off: messages quote file and tensor names that may contain [brackets]
-    stderr.print(f"error: {message}", style="bold red", markup=False, highlight=False)
+    stderr.print(f"error: {printable(message)}", style="bold red", markup=False, highlight=False)
 
 
 def note(message: str) -> None:
-    stderr.print(message, markup=False, highlight=False)
+    stderr.print(printable(message), markup=False, highlight=False)
 
 
-def emit_json(document: Any) -> None:
-    """One machine-readable document on stdout."""
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
-    sys.stdout.flush()
+class _Run:
+    """What the running command was asked for and has done, for the JSON document of a failure."""
+
+    def __init__(self, json_to: str | Path | None) -> None:
+        self.json_to = json_to  # "-" for stdout, a FILE, or None without --json
+        self.json_written = False
+        self.done: dict[str, Any] = {}
+
+
+_run = _Run(None)
+
+
+def record(**facts: Any) -> None:
+    """Note what the command has done so far; a failure's JSON document reports it under `done`."""
+    _run.done.update(facts)
+
+
+def emit_json(document: Any, path: str | Path = "-") -> None:
+    """One machine-readable document: on stdout when `path` is '-', else in the file `path`."""
+    text = json.dumps(document, indent=2, sort_keys=False) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(path).write_text(text, encoding="utf-8")
+    _run.json_written = True
+
+
+def _json_destination(kwargs: dict[str, Any]) -> str | Path | None:
+    # `--json` is a flag (as_json) in the conversion commands and gemv, and takes FILE (json_file,
+    # '-' for stdout) in bench and verify
+    if kwargs.get("as_json"):
+        return "-"
+    return kwargs.get("json_file")
+
+
+def _emit_failure(command: str, message: str, exit_code: int) -> None:
+    """The failure as the one JSON document --json promised, unless the command already wrote its
+    own (a check that failed is reported in the command's document, with every result)."""
+    if _run.json_to is None or _run.json_written:
+        return
+    document = {"command": command, "ok": False, "error": message, "exit_code": exit_code, "done": _run.done}
+    try:
+        emit_json(document, _run.json_to)
+    except OSError:
+        pass  # the error line on stderr still says what failed; FILE is what could not be written
 
 
 def boundary(command: F) -> F:
@@ -65,6 +128,8 @@ def boundary(command: F) -> F:
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
+        global _run
+        _run = _Run(_json_destination(kwargs))
         try:
             return command(*args, **kwargs)
         except typer.Exit:
@@ -72,27 +137,28 @@ def boundary(command: F) -> F:
         except W4Error as exc:
             if debug_enabled():
                 traceback.print_exc()
-            error_line(str(exc))
-            raise typer.Exit(exc.exit_code) from None
+            message, code = str(exc), exc.exit_code
         except KeyboardInterrupt:
-            error_line("interrupted; nothing was left half-written")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            message, code = "interrupted", EXIT_INTERRUPTED
         except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into a line
             if debug_enabled():
                 traceback.print_exc()
-            error_line(f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback)")
-            raise typer.Exit(EXIT_FAILED) from None
+            message, code = f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback)", EXIT_FAILED
+        error_line(message)
+        _emit_failure(command.__name__, message, code)
+        raise typer.Exit(code) from None
 
     return run  # type: ignore[return-value]
 
 
 def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
-    """A command's result: one JSON document, or a two-column table for people. Keys ending in
-    `bytes...` print in MB."""
+    """A command's result: one JSON document, or a two-column table for people, each number with
+    its unit (the JSON keys name the unit instead)."""
     if as_json:
         emit_json(fields)
         return
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -100,9 +166,21 @@ def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
     for key, value in fields.items():
         if isinstance(value, list):
             continue
-        text = f"{value / 1e6:,.1f} MB" if key.startswith("bytes") else str(value)
-        table.add_row(key.replace("_", " "), text)
+        label, text = _with_unit(key, value)
+        table.add_row(Text(printable(label)), Text(printable(text)))
     stdout.print(table)
+
+
+def _with_unit(key: str, value: Any) -> tuple[str, str]:
+    """(label, value) of a summary row: `bytes_*` in MB, `*seconds` in s, `mb_per_s` in MB/s."""
+    if key.startswith("bytes") and isinstance(value, (int, float)):
+        return key.replace("_", " "), f"{value / 1e6:,.1f} MB"
+    if key.endswith("seconds") and isinstance(value, (int, float)):
+        label = key.removesuffix("seconds").rstrip("_") or "total"
+        return f"{label} time", f"{value:,.3f} s"
+    if key == "mb_per_s":
+        return "throughput", f"{value:,.1f} MB/s"
+    return key.replace("_", " "), str(value)
 
 
 @contextmanager

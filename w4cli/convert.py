@@ -44,9 +44,23 @@ class ConversionReport:
 
     @property
     def bound_by(self) -> str:
-        """What the conversion spent most time on: the limit to raise for a faster run."""
-        parts = {"reading": self.read_seconds, "compute": self.compute_seconds, "writing": self.write_seconds}
-        return max(parts, key=parts.get)
+        """What the conversion spent most of its time on: the limit to raise for a faster run.
+
+        Tensors stream through two stages at once: the main thread reads and computes one while a
+        writer thread writes the one before (writer.write_shards), so the stream takes about as
+        long as the slower stage. Whatever the run did besides (resolving MODEL, validating,
+        planning, copying small files, syncing, renaming) is "other work": it bounds the run when
+        it took at least as long as the stream, as it does for a small checkpoint, whose tensor
+        times round to zero. Otherwise the slower stage bounds it: "writing", or the larger of
+        "reading" and "compute".
+        """
+        producing = self.read_seconds + self.compute_seconds
+        stream = max(producing, self.write_seconds)
+        if self.seconds - stream >= stream:
+            return "other work"
+        if self.write_seconds > producing:
+            return "writing"
+        return "reading" if self.read_seconds >= self.compute_seconds else "compute"
 
     @property
     def mb_per_s(self) -> float:

@@ -21,6 +21,8 @@ from w4cli.quant_config import W4_GEMV
 from w4cli.writer import OutputTensor
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+_SCALE_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 
 # (qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N], dtype) -> [N, K] dtype on the CPU;
 # dtype float32 must be the exact product (q - z) * s
@@ -140,6 +142,23 @@ def plan_tensors(model: QuantModel, dtype: torch.dtype, dequantizer: Dequantizer
         else:
             tensors.append(_plain_tensor(model, name, dtype))
     return tensors
+
+
+def choose_dtype(requested: str, model: QuantModel) -> tuple[str, str]:
+    """(output dtype, where it came from) for `--dtype requested`: a name or its alias as given;
+    auto, the checkpoint's own. That is the dtype of the scales when every quantized layer agrees,
+    since AWQ's reference computes (q - z) * s in the scales' dtype; else config.json's `dtype`
+    (`torch_dtype` in older files); float16 when neither names one."""
+    if requested != "auto":
+        return DTYPE_ALIASES.get(requested, requested), "--dtype"
+    codes = {model.checkpoint.tensors[layer.scales].dtype for layer in model.layers.values()}
+    if len(codes) == 1 and next(iter(codes)) in _SCALE_DTYPES:
+        return _SCALE_DTYPES[codes.pop()], "auto: the scales' dtype"
+    for key in ("dtype", "torch_dtype"):
+        value = model.checkpoint.config.get(key)
+        if isinstance(value, str) and value in DTYPES:
+            return value, f"auto: config.json {key}"
+    return "float16", "auto: neither the scales nor config.json name one dtype, so float16"
 
 
 def dense_config(config: dict[str, Any], dtype_name: str) -> dict[str, Any]:

@@ -63,24 +63,37 @@ def _us(r: Result | None) -> str:
     return f"{r.median_us:,.2f}"
 
 
+_SHAPE_COLUMNS = (("K x N", "right"), ("layers", "left"), ("weights", "left"), ("per model", "right"),
+                  ("run per token", "right"))
+
+
+def _shape_rows(report: Report) -> list[tuple[str, str, str, str, str]]:
+    """Per shape: K x N, the layers that have it, int4 or fp16, how many per model and per token."""
+    model = report.model
+    rows = []
+    for s in report.shapes:
+        tok = ""
+        if model is not None and s.linears:
+            per_token = sum(executions(lin, 1, [1], model.num_experts, model.experts_per_token)[0] for lin in s.linears)
+            tok = f"{per_token:g}"
+        rows.append((s.label, s.names or "(--shape)", "int4" if s.quantized else "fp16", str(s.per_model or ""), tok))
+    return rows
+
+
+def _shapes_title(report: Report) -> str:
+    model = report.model
+    return "Linear layers" + (f" of {model.model}" if model and model.model else "")
+
+
 # ---- Rich ----
 
 
 def shapes_table(report: Report) -> Table:
-    """K x N, the layers that have it, how many per model and per token."""
-    model = report.model
-    t = Table(title="Linear layers" + (f" of {model.model}" if model and model.model else ""), title_justify="left")
-    for col, justify in (("K x N", "right"), ("layers", "left"), ("weights", "left"), ("per model", "right"),
-                         ("run per token", "right")):
+    t = Table(title=_shapes_title(report), title_justify="left")
+    for col, justify in _SHAPE_COLUMNS:
         t.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for s in report.shapes:
-        if model is not None:
-            per_token = sum(executions(lin, 1, [1], model.num_experts, model.experts_per_token)[0] for lin in s.linears)
-            tok = f"{per_token:g}"
-        else:
-            tok = ""
-        t.add_row(s.label, s.names or "(--shape)", "int4" if s.quantized else "fp16", str(s.per_model or ""),
-                  tok if s.linears else "")
+    for row in _shape_rows(report):
+        t.add_row(*(Text(cell) for cell in row))
     return t
 
 
@@ -249,6 +262,22 @@ def markdown(report: Report) -> str:
     if lines:
         out += [""] + [f"- {line}" for line in lines]
     return "\n".join(out) + "\n"
+
+
+def shapes_markdown(report: Report) -> str:
+    """The shapes a run would measure (`w4 bench --dry-run --markdown`), as a markdown table."""
+    out = [f"{_shapes_title(report)}:", "", _md_row(col for col, _ in _SHAPE_COLUMNS),
+           _md_row("---:" if justify == "right" else "---" for _, justify in _SHAPE_COLUMNS)]
+    out += [_md_row(row) for row in _shape_rows(report)]
+    lines = notes(report)
+    if lines:
+        out += [""] + [f"- {line}" for line in lines]
+    return "\n".join(out) + "\n"
+
+
+def _md_row(cells) -> str:
+    # a `|` inside a cell would end it
+    return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
 
 
 def _mx(x: float | None) -> str:

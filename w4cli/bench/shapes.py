@@ -115,14 +115,17 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+MAX_BATCH = 4096  # activation rows M a GEMV benchmark or check takes; beyond it a GEMM is the tool
+
+
 def parse_batches(text: str) -> list[int]:
     """'1,2,4' -> [1, 2, 4] (sorted, distinct). Raises UsageError on anything else."""
     try:
         values = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
         values = []
-    if not values or values[0] < 1 or values[-1] > 4096:
-        raise UsageError(f"--batch '{text}': expected a comma list of batch sizes from 1 to 4096, e.g. 1,4,16")
+    if not values or values[0] < 1 or values[-1] > MAX_BATCH:
+        raise UsageError(f"--batch '{text}': expected a comma list of batch sizes from 1 to {MAX_BATCH}, e.g. 1,4,16")
     return values
 
 

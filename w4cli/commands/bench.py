@@ -13,7 +13,6 @@ adds lm_head as an fp16 layer and the per-token decode-step summary).
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -22,9 +21,9 @@ from typing import Annotated, Optional
 import typer
 
 from w4cli import console, hub
-from w4cli.bench import render, runner, shapes
+from w4cli.bench import render, shapes
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
-from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt
+from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt, not_empty, writable_file
 
 DEFAULT_BATCHES = "1,2,4,8,16"
 
@@ -34,7 +33,7 @@ def bench(
     model: Annotated[
         Optional[str],
         typer.Argument(help="Hub repo id or local directory: measure its linear-layer shapes (reads config.json only).",
-                       show_default=False),
+                       show_default=False, metavar="MODEL", parser=not_empty),
     ] = None,
     shape: Annotated[
         Optional[list[str]],
@@ -46,7 +45,7 @@ def bench(
     json_file: Annotated[
         Optional[Path],
         typer.Option("--json", help="Write every number and the environment as JSON to FILE ('-' for stdout).",
-                     show_default=False, metavar="FILE"),
+                     show_default=False, metavar="FILE", parser=writable_file),
     ] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown tables (for docs/performance.md) instead of Rich tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the shapes that would be measured and exit; needs no GPU.")] = False,
@@ -103,6 +102,8 @@ def bench(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from w4cli.bench import runner
+
     progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=console.stderr, transient=True)
     with progress:
@@ -137,12 +138,8 @@ def _command_line(model: str | None, shape_args: list[str], batch: str, group: i
 
 def _emit(report, json_file: Path | None, markdown: bool) -> None:
     if json_file is not None:
-        doc = render.to_json(report)
-        if str(json_file) == "-":
-            console.emit_json(doc)
-        else:
-            json_file.parent.mkdir(parents=True, exist_ok=True)
-            json_file.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        console.emit_json(render.to_json(report), json_file)
+        if str(json_file) != "-":
             console.note(f"wrote {json_file}")
     if markdown:
         sys.stdout.write(render.markdown(report))
@@ -165,10 +162,12 @@ def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
     if json_file is not None:
         doc = {"shapes": render.to_json(report)["shapes"], "batches": batches, "group_size": group,
                "notes": render.notes(report)}
+        console.emit_json(doc, json_file)
         if str(json_file) == "-":
-            console.emit_json(doc)
-        else:
-            json_file.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+            return
+    if markdown:
+        sys.stdout.write(render.shapes_markdown(report))
+        sys.stdout.flush()
         return
     console.stdout.print(render.shapes_table(report))
     for line in render.notes(report):

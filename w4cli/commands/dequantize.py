@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-
 from w4cli import console
-from w4cli.convert import write_checkpoint
-from w4cli.dequantize import DTYPES, dense_config, plan_tensors, select_dequantizer
 from w4cli.options import (
     CacheDirOpt,
     Device,
@@ -20,13 +17,13 @@ from w4cli.options import (
     RevisionOpt,
     TokenOpt,
 )
-from w4cli.source import aux_files, open_for_conversion
-from w4cli.writer import parse_size
 
 EXAMPLES = """
 Examples:
 
-  w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bfloat16
+  w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bf16
+
+  w4 dequantize ./my-awq-model ./my-model --dtype auto
 
   w4 dequantize ./my-awq-model ./my-model-fp16 --max-shard-size 2GB --json
 """
@@ -49,21 +46,29 @@ def dequantize(
 
     Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype and bit-identical to AutoAWQ's reference dequantization. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
+    from w4cli.convert import write_checkpoint
+    from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
+    from w4cli.source import aux_files, open_for_conversion
+    from w4cli.writer import parse_size
+
     shard_bytes = parse_size(max_shard_size)
     awq = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
+    dtype_name, dtype_from = choose_dtype(dtype.value, awq)
     backend, dequantizer = select_dequantizer(device.value)
-    tensors = plan_tensors(awq, DTYPES[dtype.value], dequantizer)
+    console.record(quantized_layers=len(awq.layers), dtype=dtype_name, device=backend)
+    tensors = plan_tensors(awq, DTYPES[dtype_name], dequantizer)
     report = write_checkpoint(
         awq.checkpoint,
         output_dir,
         tensors,
-        dense_config(awq.checkpoint.config, dtype.value),
+        dense_config(awq.checkpoint.config, dtype_name),
         aux_files(awq.checkpoint),
         shard_bytes,
         label=f"dequantize ({backend})",
     )
     summary = {
-        "dtype": dtype.value,
+        "dtype": dtype_name,
+        "dtype_from": dtype_from,
         "device": backend,
         "layers_dequantized": len(awq.layers),
         "tensors_copied": len(tensors) - len(awq.layers),

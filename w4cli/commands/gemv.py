@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from fnmatch import fnmatch
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from w4cli import console
+from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape, unsupported_reason
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, InputRefused, UsageError
-from w4cli.formats import w4_gemv
-from w4cli.gemv_check import GemvResult, check_layer, random_awq
-from w4cli.bench.shapes import parse_shape
-from w4cli.options import CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt
-from w4cli.quant_config import W4_GEMV
+from w4cli.options import SEED_MAX, CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
+
+if TYPE_CHECKING:
+    from w4cli.gemv_check import GemvResult
 
 
 def _device(device: Device) -> str:
@@ -32,6 +33,8 @@ def _device(device: Device) -> str:
 
 def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
     """(name, w4-gemv tensors, bias) for each selected linear, repacked in memory if AWQ."""
+    from w4cli.formats import w4_gemv
+    from w4cli.quant_config import W4_GEMV
     from w4cli.source import open_quantized, resolve
 
     quantized = open_quantized(resolve(model, revision, token, cache_dir).path)
@@ -54,12 +57,20 @@ def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
         yield layer.prefix, tensors, bias
 
 
+def _random_shape(text: str, group_size: int) -> tuple[int, int]:
+    k, n = parse_shape(text)
+    why = unsupported_reason(k, n, k if group_size == -1 else group_size)
+    if why:
+        raise UsageError(f"--shape {text}: {why}")
+    return k, n
+
+
 def _random_layers(shapes: list[tuple[int, int]], group_size: int, seed: int):
+    from w4cli.formats import w4_gemv
+    from w4cli.gemv_check import random_awq
+
     for i, (k, n) in enumerate(shapes):
-        g = k if group_size == -1 else group_size
-        if n % 8 or k % g:
-            raise UsageError(f"--shape {k}x{n}: N must be a multiple of 8 and K a multiple of the group size {g}")
-        awq = random_awq(k, n, g, seed + i)
+        awq = random_awq(k, n, k if group_size == -1 else group_size, seed + i)
         yield f"random {k}x{n}", w4_gemv.repack_from_awq(awq["qweight"], awq["qzeros"], awq["scales"]), None
 
 
@@ -74,7 +85,7 @@ def _render(results: list[GemvResult], device: str) -> None:
         for column in ("layer", "K x N", "G", "M"):
             table.add_column(column, justify="left" if column == "layer" else "right")
         for r in results:
-            table.add_row(r.layer, f"{r.k}x{r.n}", str(r.group_size), str(r.batch))
+            table.add_row(Text(console.printable(r.layer)), f"{r.k}x{r.n}", str(r.group_size), str(r.batch))
         console.stdout.print(table)
         return
     table = Table(title="w4 gemv (kernel on cuda)", title_justify="left")
@@ -83,7 +94,7 @@ def _render(results: list[GemvResult], device: str) -> None:
     for r in results:
         verdict = "[green]pass[/]" if r.passed else "[bold red]FAIL[/]"
         table.add_row(
-            r.layer, f"{r.k}x{r.n}", str(r.group_size), str(r.batch),
+            Text(console.printable(r.layer)), f"{r.k}x{r.n}", str(r.group_size), str(r.batch),
             _fmt(r.max_abs_err, ".3g"), _fmt(r.rel_err, ".3g"), _fmt(r.worst_err_over_bound, ".3f"),
             verdict, _fmt(r.median_us, ".2f") + ("" if r.cold_l2 is not False else " *"),
             _fmt(r.gbps, ",.0f"), _fmt(r.pct_of_copy, ".1f"),
@@ -95,12 +106,13 @@ def _render(results: list[GemvResult], device: str) -> None:
 
 @console.boundary
 def gemv(
-    model: Annotated[Optional[str], typer.Argument(help="AWQ or w4-repacked checkpoint: Hub repo id or directory.", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Argument(help="AWQ or w4-repacked checkpoint: Hub repo id or directory.", show_default=False,
+                                                  metavar="MODEL", parser=not_empty)] = None,
     layer: Annotated[Optional[list[str]], typer.Option("--layer", help="Layer prefix or glob (repeatable); default: every quantized layer.")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="KxN of a random layer instead of MODEL (repeatable).")] = None,
-    batch: Annotated[int, typer.Option("--batch", "-m", min=1, help="Activation rows M (1-8 run in one launch).")] = 1,
+    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help="Activation rows M (1-8 run in one launch).")] = 1,
     group: Annotated[int, typer.Option("--group", help="Group size for --shape (-1: one group).")] = 128,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for activations and random weights.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for activations and random weights.")] = 0,
     time_it: Annotated[bool, typer.Option("--time/--no-time", help="Time each layer that passes.")] = True,
     device: DeviceOpt = Device.auto,
     revision: RevisionOpt = None,
@@ -116,7 +128,9 @@ def gemv(
     """
     if (model is None) == (not shape):
         raise UsageError("give either MODEL or --shape KxN")
-    shapes = [parse_shape(s) for s in shape or []]
+    if group != -1:
+        check_group(group)
+    shapes = [_random_shape(s, group) for s in shape or []]
     where = _device(device)
     layers = _random_layers(shapes, group, seed) if shapes else _model_layers(model, layer or [], revision, token, cache_dir)
     copy = None
@@ -124,10 +138,15 @@ def gemv(
         from w4cli import timing
 
         copy = timing.copy_bandwidth()
+    from w4cli.gemv_check import check_layer
+
     results = []
+    checked: list[dict] = []
+    console.record(layers=checked)
     with console.steps("gemv", None) as advance:
         for i, (name, tensors, bias) in enumerate(layers):
             results.append(check_layer(name, tensors, bias, batch, seed + i, where, time_it, copy))
+            checked.append(results[-1].as_dict())
             advance(name)
     if as_json:
         console.emit_json({"device": where, "copy_gbps": copy.gbps if copy else None, "layers": [r.as_dict() for r in results]})

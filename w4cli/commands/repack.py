@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 from w4cli import console
-from w4cli.convert import write_checkpoint
 from w4cli.options import CacheDirOpt, ForceOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
-from w4cli.repack import check_repackable, plan_tensors, repacked_config
-from w4cli.source import aux_files, open_for_conversion
-from w4cli.writer import parse_size
 
 
 @console.boundary
@@ -27,9 +23,15 @@ def repack(
 
     Example: w4 repack Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-w4
     """
+    from w4cli.convert import write_checkpoint
+    from w4cli.repack import check_repackable, plan_tensors, repacked_config
+    from w4cli.source import aux_files, open_for_conversion
+    from w4cli.writer import parse_size
+
     shard_bytes = parse_size(max_shard_size)
     quantized = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
     check_repackable(quantized)
+    console.record(quantized_layers=len(quantized.layers))
     tensors = plan_tensors(quantized)
     report = write_checkpoint(
         quantized.checkpoint,

@@ -14,7 +14,7 @@ import typer
 
 from w4cli import console
 from w4cli.errors import UsageError
-from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt
+from w4cli.options import SEED_MAX, CacheDirOpt, RevisionOpt, TokenOpt, not_empty, writable_file
 
 EXAMPLES = """
 Examples:
@@ -30,17 +30,19 @@ Examples:
 
 TargetArg = Annotated[
     Optional[str],
-    typer.Argument(help="Checkpoint to check: a quantized MODEL (Hub id or directory), or with --against the OUTPUT directory. Omit for the kernel self-test.", show_default=False),
+    typer.Argument(help="Checkpoint to check: a quantized MODEL (Hub id or directory), or with --against the OUTPUT directory. Omit for the kernel self-test.", show_default=False,
+                   metavar="TARGET", parser=not_empty),
 ]
 AgainstOpt = Annotated[
     Optional[str],
-    typer.Option("--against", help="SOURCE the OUTPUT was converted from (Hub id or directory); --revision/--token/--cache-dir apply to it.", show_default=False),
+    typer.Option("--against", help="SOURCE the OUTPUT was converted from (Hub id or directory); --revision/--token/--cache-dir apply to it.", show_default=False,
+                 metavar="SOURCE", parser=not_empty),
 ]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Self-test only: a small subset of shapes (pre-commit).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random input; the same seed gives the same report.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed of every random input; the same seed gives the same report.")]
 RequireGpuOpt = Annotated[bool, typer.Option("--require-gpu", help="Exit 3 instead of skipping when the GPU checks cannot run (no GPU, kernel build failed).")]
-JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one testcase per check) to FILE.", show_default=False, metavar="FILE")]
-JsonFileOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write every check and the environment as JSON to FILE ('-': stdout, instead of the table).", show_default=False, metavar="FILE")]
+JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one testcase per check) to FILE.", show_default=False, metavar="FILE", parser=writable_file)]
+JsonFileOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write every check and the environment as JSON to FILE ('-': stdout, instead of the table).", show_default=False, metavar="FILE", parser=writable_file)]
 
 
 @console.boundary
@@ -103,7 +105,7 @@ def verify(
     else:
         rep.render_table(report, console.stdout)
         if json_file is not None:
-            rep.write_json(report, json_file)
+            console.emit_json(rep.to_document(report), json_file)
     if junit is not None:
         rep.write_junit(report, junit)
     rep.raise_for_outcome(report)

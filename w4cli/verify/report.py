@@ -6,7 +6,6 @@ said it must: `--require-gpu`). Only an all-PASS/SKIP report exits 0.
 
 from __future__ import annotations
 
-import json
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -114,10 +113,6 @@ def to_document(report: Report) -> dict[str, Any]:
         "summary": report.summary(),
         "checks": [{**asdict(c), "seconds": round(c.seconds, 4)} for c in report.checks],
     }
-
-
-def write_json(report: Report, path: Path) -> None:
-    path.write_text(json.dumps(to_document(report), indent=2) + "\n", encoding="utf-8")
 
 
 def junit_tree(report: Report) -> ET.ElementTree:
