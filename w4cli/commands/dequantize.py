@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import typer
+
 from w4cli import console
 from w4cli.convert import write_checkpoint
 from w4cli.dequantize import DTYPES, dense_config, plan_tensors, select_dequantizer
@@ -34,6 +36,7 @@ Examples:
 
 @console.boundary
 def dequantize(
+    ctx: typer.Context,
     model: ModelArg,
     output_dir: OutputDirArg,
     dtype: DtypeOpt = Dtype.float16,
@@ -50,12 +53,12 @@ def dequantize(
     Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype and bit-identical to AutoAWQ's reference dequantization. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
     shard_bytes = parse_size(max_shard_size)
-    awq = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
+    awq, output = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir)
     backend, dequantizer = select_dequantizer(device.value)
     tensors = plan_tensors(awq, DTYPES[dtype.value], dequantizer)
     report = write_checkpoint(
         awq.checkpoint,
-        output_dir,
+        output,
         tensors,
         dense_config(awq.checkpoint.config, dtype.value),
         aux_files(awq.checkpoint),

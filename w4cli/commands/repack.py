@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typer
+
 from w4cli import console
 from w4cli.convert import write_checkpoint
 from w4cli.options import CacheDirOpt, ForceOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
@@ -12,6 +14,7 @@ from w4cli.writer import parse_size
 
 @console.boundary
 def repack(
+    ctx: typer.Context,
     model: ModelArg,
     output_dir: OutputDirArg,
     max_shard_size: MaxShardSizeOpt = "5GB",
@@ -28,12 +31,12 @@ def repack(
     Example: w4 repack Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-w4
     """
     shard_bytes = parse_size(max_shard_size)
-    quantized = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
+    quantized, output = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir)
     check_repackable(quantized)
     tensors = plan_tensors(quantized)
     report = write_checkpoint(
         quantized.checkpoint,
-        output_dir,
+        output,
         tensors,
         repacked_config(quantized.checkpoint.config, quantized),
         aux_files(quantized.checkpoint),
