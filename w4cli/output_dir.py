@@ -41,17 +41,18 @@ SHOWN = 5  # names a refusal lists
 
 
 def check_output_dir(output: Path, inputs: Iterable[Path]) -> None:
-    """Refuse, before anything is created, an OUTPUT_DIR that overlaps an input, is or holds the
-    current directory, is the home or root directory, a mount point, a file or a dangling link."""
+    """Refuse, before anything is created, an OUTPUT_DIR that is the root or home directory, is or
+    holds the current directory, overlaps an input, is a mount point, a file or a dangling link."""
+    try:
+        _check_output_path(output, inputs)
+    except OSError as exc:
+        raise cannot_write(output, exc) from None
+
+
+def _check_output_path(output: Path, inputs: Iterable[Path]) -> None:
     if output.is_symlink() and not output.exists():
         raise InputRefused(f"OUTPUT_DIR {output} is a symbolic link to {os.readlink(output)}, which does not exist")
     target = output.resolve()
-    for source in inputs:
-        source = source.resolve()
-        if target == source or source in target.parents:
-            raise InputRefused(f"OUTPUT_DIR {output} is inside the input checkpoint {source}")
-        if target in source.parents:
-            raise InputRefused(f"OUTPUT_DIR {output} contains the input checkpoint {source}")
     cwd = Path.cwd().resolve()
     if target == Path(target.anchor):
         raise InputRefused(f"OUTPUT_DIR {output} is the root directory: w4 never replaces it")
@@ -59,11 +60,25 @@ def check_output_dir(output: Path, inputs: Iterable[Path]) -> None:
         raise InputRefused(f"OUTPUT_DIR {output} is or contains the current directory: w4 never replaces it")
     if target == Path.home().resolve():
         raise InputRefused(f"OUTPUT_DIR {output} is the home directory: w4 never replaces it")
+    for source in inputs:
+        source = source.resolve()
+        if target == source or source in target.parents:
+            raise InputRefused(f"OUTPUT_DIR {output} is inside the input checkpoint {source}")
+        if target in source.parents:
+            raise InputRefused(f"OUTPUT_DIR {output} contains the input checkpoint {source}")
     if target.exists():
         if not target.is_dir():
             raise InputRefused(f"OUTPUT_DIR {output} exists and is not a directory")
         if os.path.ismount(target):
             raise InputRefused(f"OUTPUT_DIR {output} is a mount point, which a rename cannot replace: give a directory inside it")
+
+
+def cannot_write(output: Path, exc: OSError) -> W4Error:
+    """The message for an OSError met while creating or writing OUTPUT_DIR."""
+    if exc.errno in NO_SPACE:
+        return OutputFailed(f"{exc.strerror.lower()} while writing OUTPUT_DIR {output}")
+    where = f" ({exc.filename})" if exc.filename else ""
+    return InputRefused(f"OUTPUT_DIR {output} cannot be written: {exc.strerror}{where}")
 
 
 def files_not_in_a_checkpoint(path: Path) -> list[str]:
@@ -114,7 +129,7 @@ class OutputDirectory:
             except BaseException as exc:
                 self._release()
                 if isinstance(exc, OSError):
-                    raise self._cannot_write(exc) from None
+                    raise cannot_write(self.output, exc) from None
                 raise
         return self
 
@@ -152,12 +167,6 @@ class OutputDirectory:
                 f"model card files), and replacing OUTPUT_DIR {self.output} would lose {_first_few(lost)}"
             )
 
-    def _cannot_write(self, exc: OSError) -> W4Error:
-        if exc.errno in NO_SPACE:
-            return OutputFailed(f"{exc.strerror.lower()} while writing OUTPUT_DIR {self.output}")
-        where = f" ({exc.filename})" if exc.filename else ""
-        return InputRefused(f"OUTPUT_DIR {self.output} cannot be written: {exc.strerror}{where}")
-
     @contextmanager
     def writing(self) -> Iterator[None]:
         """Around the writes into `temp` and the commit: a stop request or a full disk becomes one
@@ -168,7 +177,7 @@ class OutputDirectory:
             raise Interrupted(self._interrupted()) from None
         except OSError as exc:
             if exc.errno in NO_SPACE:
-                raise self._cannot_write(exc) from None
+                raise cannot_write(self.output, exc) from None
             raise
 
     def _interrupted(self) -> str:
