@@ -376,6 +376,15 @@ def test_a_read_only_directory_is_refused_before_any_work(tmp_path):
     assert left == []
 
 
+def test_a_mount_point_is_refused_before_any_work(tmp_path):
+    src = small_model().write(tmp_path / "src")
+    out = tmp_path / "mnt"  # a volume mounted as OUTPUT_DIR: rename(2) cannot replace it
+    code, stderr, left = run_on_tmpfs(tmp_path, "size=1m", "dequantize", str(src), str(out), "--device", "cpu")
+    assert code == EXIT_REFUSED, stderr
+    assert error_lines(stderr) == [f"error: OUTPUT_DIR {out} is a mount point, which a rename cannot replace: give a directory inside it"]
+    assert left == []
+
+
 def test_a_full_disk_is_one_line_and_leaves_nothing_behind(tmp_path):
     src = Checkpoint([random_layer("model.layers.0.mlp.up_proj", 512, 512, 128, seed=0)], group_size=128).write(tmp_path / "src")
     out = tmp_path / "mnt" / "out"
