@@ -118,19 +118,20 @@ class OutputDirectory:
         return self.target.parent / f"{self.target.name}{TEMP_MARK}{suffix}"
 
     def __enter__(self) -> OutputDirectory:
-        # all or nothing: a stop request waits until the claim is whole or undone
-        with signals.deferred():
-            try:
+        try:
+            # a stop request waits until the claim is whole, so it is never left half made
+            with signals.deferred():
                 self._make_parents()
                 self._lock = _take_lock(self._sibling(LOCK), self.output)
-                _remove_stale_siblings(self.target)
                 self._check_replaceable()
                 self.temp.mkdir()
-            except BaseException as exc:
-                self._release()
-                if isinstance(exc, OSError):
-                    raise cannot_write(self.output, exc) from None
-                raise
+            # interruptible: what is left of the stale ones is removed by the next run
+            _remove_stale_siblings(self.target)
+        except BaseException as exc:
+            self.__exit__()
+            if isinstance(exc, OSError):
+                raise cannot_write(self.output, exc) from None
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -320,10 +321,9 @@ def _remove_stale_siblings(target: Path) -> None:
     writing OUTPUT_DIR; a sibling whose pid is alive is kept all the same (this process, or a
     reused pid)."""
     pattern = re.compile(re.escape(f"{target.name}{TEMP_MARK}") + r"([1-9][0-9]{0,6})-[0-9a-f]{8}(-old)?")
-    for entry in os.scandir(target.parent):
-        match = pattern.fullmatch(entry.name)
-        if match is None or _alive(int(match.group(1))):
-            continue
+    with os.scandir(target.parent) as entries:
+        stale = [entry for entry in entries if (match := pattern.fullmatch(entry.name)) and not _alive(int(match.group(1)))]
+    for entry in stale:
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
