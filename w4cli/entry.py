@@ -20,6 +20,6 @@ def main() -> None:
 
         run()
     except KeyboardInterrupt:
-        # only an interrupt outside every command gets here: commands report their own
+        # an interrupt while the command line is imported or set up; commands report their own
         sys.stderr.write("error: interrupted\n")
         sys.exit(EXIT_INTERRUPTED)
