@@ -187,7 +187,7 @@ def test_output_inside_the_input(tmp_path, w4):
 
 def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypatch):
     import w4cli.dequantize as dequantize
-    import w4cli.writer as writer
+    import w4cli.output_dir as output_dir
 
     src = small_model().write(tmp_path / "src")
     real = dequantize.cpu_dequantizer
@@ -198,7 +198,7 @@ def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypat
             raise KeyboardInterrupt
         out = real(*args)
         # the first layer's shard is on disk, in the temporary directory, when Ctrl-C comes
-        written_before_interrupt.extend(tmp_path.glob(f"out{writer.TEMP_MARK}*/model-*.safetensors"))
+        written_before_interrupt.extend(tmp_path.glob(f"out{output_dir.TEMP_MARK}*/model-*.safetensors"))
         return out
 
     monkeypatch.setattr(dequantize, "cpu_dequantizer", dequantize_then_interrupt)
@@ -207,7 +207,7 @@ def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypat
     assert result.exit_code == EXIT_INTERRUPTED
     assert "interrupted" in result.stderr
     assert not (tmp_path / "out").exists()
-    assert not [p for p in tmp_path.iterdir() if writer.TEMP_MARK in p.name]
+    assert not [p for p in tmp_path.iterdir() if output_dir.TEMP_MARK in p.name]
 
 
 def test_model_that_is_neither_dir_nor_repo_id(tmp_path, w4):

@@ -1,3 +1,3 @@
-from w4cli.cli import main
+from w4cli.entry import main
 
 main()

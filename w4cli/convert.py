@@ -12,7 +12,8 @@ from typing import Any
 
 from w4cli.checkpoint import Checkpoint
 from w4cli.console import byte_progress
-from w4cli.writer import AtomicDirectory, OutputTensor, copy_files, plan_shards, write_json, write_shards
+from w4cli.output_dir import OutputDirectory
+from w4cli.writer import OutputTensor, copy_files, plan_shards, write_json, write_shards
 
 
 @dataclass
@@ -69,24 +70,26 @@ class ConversionReport:
 
 def write_checkpoint(
     source: Checkpoint,
-    output: Path,
+    output: OutputDirectory,
     tensors: list[OutputTensor],
     config: dict[str, Any],
     aux_files: list[str],
     max_shard_size: int,
     label: str,
 ) -> ConversionReport:
+    """Write the checkpoint into the claimed OUTPUT_DIR's temporary sibling and put it in place."""
     start = time.perf_counter()
     plan = plan_shards(tensors, max_shard_size)
     total = sum(t.nbytes for t in tensors)
-    with AtomicDirectory(output) as directory, byte_progress(label, total) as advance:
-        producing, writing = write_shards(directory.temp, plan, advance)
-        write_json(directory.temp / "config.json", config)
-        copy_files(source.root, directory.temp, aux_files)
-        files = sorted(p.name for p in directory.temp.iterdir())
-        directory.commit()
+    with output.writing():
+        with byte_progress(label, total) as advance:
+            producing, writing = write_shards(output.temp, plan, advance)
+        write_json(output.temp / "config.json", config)
+        copy_files(source.root, output.temp, aux_files)
+        files = sorted(p.name for p in output.temp.iterdir())
+        output.commit()
     return ConversionReport(
-        output=output,
+        output=output.output,
         files=files,
         tensors=len(tensors),
         bytes_in=sum(t.source_bytes for t in tensors),

@@ -3,7 +3,8 @@
 One exit-code scheme for the whole CLI (docs/cli.md):
   0 success, 1 a check failed or the run failed, 2 usage error,
   3 the environment cannot run this (no CUDA GPU, no nvcc, kernel build failed),
-  4 input refused (bad or unsupported checkpoint, unsafe file, existing output).
+  4 input refused (bad or unsupported checkpoint, unsafe file, existing output),
+  130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
 EXIT_REFUSED = 4
-EXIT_INTERRUPTED = 130  # the shell convention for SIGINT; nothing is left half-written
+EXIT_INTERRUPTED = 130  # the shell convention for SIGINT
 
 
 class W4Error(Exception):
@@ -44,3 +45,16 @@ class InputRefused(W4Error):
     """The input was looked at and refused: unsupported format, inconsistent or unsafe files."""
 
     exit_code = EXIT_REFUSED
+
+
+class OutputFailed(W4Error):
+    """OUTPUT_DIR could not be written: another w4 holds it, someone changed it during the run, or
+    the disk is full."""
+
+    exit_code = EXIT_FAILED
+
+
+class Interrupted(W4Error):
+    """A stop request (Ctrl-C, SIGTERM, SIGHUP) ended the run; the message says what it left."""
+
+    exit_code = EXIT_INTERRUPTED

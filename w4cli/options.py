@@ -70,7 +70,9 @@ TokenOpt = Annotated[
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", help="Hub cache directory (default: HF_HUB_CACHE or ~/.cache/huggingface/hub).")
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace a non-empty OUTPUT_DIR (atomically, once the new one is complete).")]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Replace an OUTPUT_DIR that holds a checkpoint (atomically, once the new one is complete).")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
 MaxShardSizeOpt = Annotated[
     str, typer.Option("--max-shard-size", help="Largest output shard, decimal units as on the Hub (5GB, 500MB).")

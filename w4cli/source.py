@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from w4cli import hub
 from w4cli.checkpoint import Checkpoint, open_checkpoint, read_json
 from w4cli.layers import QuantModel, check_values, find_layers
+from w4cli.output_dir import OutputDirectory, check_output_dir
 from w4cli.quant_config import parse_scheme, read_quantization_config
 
 # files a conversion never copies: weights and index are rewritten, config is rewritten, and the
@@ -45,16 +48,23 @@ def open_quantized(root: Path) -> QuantModel:
 
 
 def open_for_conversion(
-    model: str, output_dir: Path, force: bool, revision: str | None, token: str | None, cache_dir: Path | None
-) -> QuantModel:
-    """The front half of every command that writes a checkpoint: refuse a bad OUTPUT_DIR before
-    any download, resolve MODEL, refuse an OUTPUT_DIR inside the snapshot, open and validate."""
-    from w4cli.writer import check_output_dir
-
-    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [], force)
+    ctx: typer.Context,
+    model: str,
+    output_dir: Path,
+    force: bool,
+    revision: str | None,
+    token: str | None,
+    cache_dir: Path | None,
+) -> tuple[QuantModel, OutputDirectory]:
+    """The front half of every command that writes a checkpoint: claim OUTPUT_DIR before any
+    download (refusals, the lock, the temporary sibling), resolve MODEL, refuse an OUTPUT_DIR
+    inside the snapshot, open and validate. OUTPUT_DIR stays claimed until the command `ctx`
+    runs ends, whatever ends it: the context releases its resources then."""
+    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [])
+    output = ctx.with_resource(OutputDirectory(output_dir, force))
     snapshot = resolve(model, revision, token, cache_dir)
-    check_output_dir(output_dir, [snapshot.path], force)
-    return open_quantized(snapshot.path)
+    check_output_dir(output_dir, [snapshot.path])
+    return open_quantized(snapshot.path), output
 
 
 def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:

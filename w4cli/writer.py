@@ -1,18 +1,16 @@
-"""Write a Hugging Face checkpoint atomically: shards planned up front, written one at a time.
+"""Write a Hugging Face checkpoint's files: shards planned up front, written one at a time.
 
-The directory is built in a temporary sibling (same filesystem) and renamed into place only once
-every file is written and synced, so an error or Ctrl-C never leaves anything at OUTPUT_DIR that
-looks complete. Tensors are streamed into their shard files as they are produced, so peak memory is
-about two output tensors plus the inputs of the one being produced, whatever the shard size.
+They go into the temporary sibling of OUTPUT_DIR that output_dir.py claims and renames into place
+once every file is written. Tensors are streamed into their shard files as they are produced, so
+peak memory is about two output tensors plus the inputs of the one being produced, whatever the
+shard size.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +18,10 @@ from typing import Any
 
 import torch
 
-from w4cli.errors import InputRefused, UsageError
+from w4cli.errors import UsageError
 
 SHARD_PATTERN = "model{suffix}.safetensors"
 INDEX = "model.safetensors.index.json"
-TEMP_MARK = ".w4tmp-"
 
 
 @dataclass
@@ -55,75 +52,6 @@ def parse_size(text: str) -> int:
     if size <= 0:
         raise UsageError("--max-shard-size must be positive")
     return size
-
-
-def check_output_dir(output: Path, inputs: Iterable[Path], force: bool) -> None:
-    """Refuse an output that would clobber data or sit inside an input, before any work."""
-    target = output.resolve()
-    for source in inputs:
-        source = source.resolve()
-        if target == source or source in target.parents:
-            raise InputRefused(f"OUTPUT_DIR {output} is inside the input checkpoint {source}")
-        if target in source.parents:
-            raise InputRefused(f"OUTPUT_DIR {output} contains the input checkpoint {source}")
-    if output.exists():
-        if not output.is_dir():
-            raise InputRefused(f"OUTPUT_DIR {output} exists and is not a directory")
-        if any(output.iterdir()) and not force:
-            raise InputRefused(f"OUTPUT_DIR {output} is not empty (pass --force to replace it)")
-
-
-class AtomicDirectory:
-    """A temporary sibling directory that becomes `target` on commit() and vanishes otherwise."""
-
-    def __init__(self, target: Path):
-        self.target = target
-        self.temp = target.parent / f"{target.name}{TEMP_MARK}{uuid.uuid4().hex[:8]}"
-
-    def __enter__(self) -> AtomicDirectory:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.temp.mkdir()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self.temp.exists():
-            shutil.rmtree(self.temp, ignore_errors=True)
-
-    def commit(self) -> None:
-        # safetensors writes through a private temp file (mode 0600); give the files the mode any
-        # other file the user creates would get
-        mode = 0o666 & ~_umask()
-        for path in self.temp.iterdir():
-            path.chmod(mode)
-            _fsync(path)
-        _fsync(self.temp)
-        if self.target.exists():
-            if any(self.target.iterdir()):
-                # rename(2) replaces only an empty directory: move the old one aside first
-                old = self.target.parent / f"{self.target.name}{TEMP_MARK}old-{uuid.uuid4().hex[:8]}"
-                self.target.rename(old)
-                self.temp.rename(self.target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                self.target.rmdir()
-                self.temp.rename(self.target)
-        else:
-            self.temp.rename(self.target)
-        _fsync(self.target.parent)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typer
+
 from w4cli import console
 from w4cli.options import (
     CacheDirOpt,
@@ -31,6 +33,7 @@ Examples:
 
 @console.boundary
 def dequantize(
+    ctx: typer.Context,
     model: ModelArg,
     output_dir: OutputDirArg,
     dtype: DtypeOpt = Dtype.float16,
@@ -52,14 +55,14 @@ def dequantize(
     from w4cli.writer import parse_size
 
     shard_bytes = parse_size(max_shard_size)
-    awq = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
+    awq, output = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir)
     dtype_name, dtype_from = choose_dtype(dtype.value, awq)
     backend, dequantizer = select_dequantizer(device.value)
     console.record(quantized_layers=len(awq.layers), dtype=dtype_name, device=backend)
     tensors = plan_tensors(awq, DTYPES[dtype_name], dequantizer)
     report = write_checkpoint(
         awq.checkpoint,
-        output_dir,
+        output,
         tensors,
         dense_config(awq.checkpoint.config, dtype_name),
         aux_files(awq.checkpoint),

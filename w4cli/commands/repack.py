@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import typer
+
 from w4cli import console
 from w4cli.options import CacheDirOpt, ForceOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
 
 
 @console.boundary
 def repack(
+    ctx: typer.Context,
     model: ModelArg,
     output_dir: OutputDirArg,
     max_shard_size: MaxShardSizeOpt = "5GB",
@@ -29,13 +32,13 @@ def repack(
     from w4cli.writer import parse_size
 
     shard_bytes = parse_size(max_shard_size)
-    quantized = open_for_conversion(model, output_dir, force, revision, token, cache_dir)
+    quantized, output = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir)
     check_repackable(quantized)
     console.record(quantized_layers=len(quantized.layers))
     tensors = plan_tensors(quantized)
     report = write_checkpoint(
         quantized.checkpoint,
-        output_dir,
+        output,
         tensors,
         repacked_config(quantized.checkpoint.config, quantized),
         aux_files(quantized.checkpoint),
