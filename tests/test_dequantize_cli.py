@@ -29,7 +29,9 @@ def load_output(directory: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(directory / file, framework="pt") as handle:
-            assert handle.metadata() == {"format": "pt"}
+            metadata = handle.metadata()
+            assert metadata["format"] == "pt"
+            assert set(metadata) == {"format", "w4_source", "w4_source_revision", "w4_version", "w4_command"}
         out.update(load_file(directory / file))
     return out
 

@@ -30,7 +30,7 @@ def test_every_dtype_and_shape_reads_back_bit_for_bit(tmp_path):
         "empty": torch.zeros(0, 4),
         "negzero": torch.tensor([-0.0, 0.0, float("nan"), float("-inf")]).half(),
     }
-    plan = plan_shards([output(n, v) for n, v in values.items()], max_shard_size=64)
+    plan = plan_shards([output(n, v) for n, v in values.items()], max_shard_size=64, provenance={})
     assert len(plan.files) > 1 and plan.index is not None
     produced, written = write_shards(tmp_path, plan, lambda n: None)
     assert produced >= 0 and written >= 0
@@ -50,7 +50,7 @@ def test_every_dtype_and_shape_reads_back_bit_for_bit(tmp_path):
 def test_a_producer_that_lies_about_its_shape_is_caught(tmp_path):
     liar = OutputTensor("x", (2, 2), torch.float16, lambda: torch.zeros(3, dtype=torch.float16), 8)
     with pytest.raises(AssertionError, match="planned"):
-        write_shards(tmp_path, plan_shards([liar], max_shard_size=1000), lambda n: None)
+        write_shards(tmp_path, plan_shards([liar], max_shard_size=1000, provenance={}), lambda n: None)
 
 
 def test_a_failing_write_on_the_writer_thread_is_raised(tmp_path, monkeypatch):
@@ -69,6 +69,6 @@ def test_a_failing_write_on_the_writer_thread_is_raised(tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr(writer, "open", FullDisk, raising=False)
-    plan = plan_shards([output(f"x{i}", torch.ones(4)) for i in range(4)], max_shard_size=1000)
+    plan = plan_shards([output(f"x{i}", torch.ones(4)) for i in range(4)], max_shard_size=1000, provenance={})
     with pytest.raises(OSError, match="No space left"):
         write_shards(tmp_path, plan, lambda n: None)

@@ -164,7 +164,7 @@ def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
     table.add_column(style="bold")
     table.add_column()
     for key, value in fields.items():
-        if isinstance(value, list):
+        if isinstance(value, (list, dict)):
             continue
         label, text = _with_unit(key, value)
         table.add_row(Text(printable(label)), Text(printable(text)))

@@ -76,10 +76,11 @@ def write_checkpoint(
     aux_files: list[str],
     max_shard_size: int,
     label: str,
+    provenance: dict[str, str],
 ) -> ConversionReport:
     """Write the checkpoint into the claimed OUTPUT_DIR's temporary sibling and put it in place."""
     start = time.perf_counter()
-    plan = plan_shards(tensors, max_shard_size)
+    plan = plan_shards(tensors, max_shard_size, provenance)
     total = sum(t.nbytes for t in tensors)
     with output.writing():
         with byte_progress(label, total) as advance:

@@ -70,6 +70,13 @@ TokenOpt = Annotated[
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", help="Hub cache directory (default: HF_HUB_CACHE or ~/.cache/huggingface/hub).")
 ]
+IncludeCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--include-code",
+        help="Also copy the checkpoint's *.py files (custom code named by config.json's auto_map) verbatim; w4 never imports or runs them.",
+    ),
+]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Replace an OUTPUT_DIR that holds a checkpoint (atomically, once the new one is complete).")
 ]

@@ -21,20 +21,16 @@ COMMAND = "w4_command"
 SECRET_PARAMS = {"token"}
 
 
-def command_line() -> str:
-    """`w4 COMMAND ARGS...` as parsed by the running command, secrets left out."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return "w4"
+def command_line(ctx) -> str:
+    """`w4 COMMAND ARGS...` as the running command (its typer.Context) parsed them, secrets left
+    out; options at their default are left out too."""
     words = ["w4", ctx.info_name or ""]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
         if param.name in SECRET_PARAMS or value is None or value is False:
             continue
         value = value.value if isinstance(value, Enum) else value
-        if isinstance(param, click.Argument):
+        if param.param_type_name == "argument":
             words.append(str(value))
         elif getattr(param, "is_flag", False):
             words.append(param.opts[0])
@@ -43,10 +39,10 @@ def command_line() -> str:
     return shlex.join(words)
 
 
-def record(snapshot: Snapshot) -> dict[str, str]:
+def record(ctx, snapshot: Snapshot) -> dict[str, str]:
     return {
         SOURCE: snapshot.repo_id or str(snapshot.path),
         REVISION: snapshot.revision or "",
         VERSION: __version__,
-        COMMAND: command_line(),
+        COMMAND: command_line(ctx),
     }

@@ -55,16 +55,20 @@ def open_for_conversion(
     revision: str | None,
     token: str | None,
     cache_dir: Path | None,
-) -> tuple[QuantModel, OutputDirectory]:
+    include_code: bool = False,
+) -> tuple[QuantModel, OutputDirectory, dict[str, str]]:
     """The front half of every command that writes a checkpoint: claim OUTPUT_DIR before any
     download (refusals, the lock, the temporary sibling), resolve MODEL, refuse an OUTPUT_DIR
     inside the snapshot, open and validate. OUTPUT_DIR stays claimed until the command `ctx`
-    runs ends, whatever ends it: the context releases its resources then."""
+    runs ends, whatever ends it: the context releases its resources then. Also returns where the
+    output comes from (w4cli/provenance.py), for its shards' metadata and the summary."""
+    from w4cli import provenance
+
     check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [])
     output = ctx.with_resource(OutputDirectory(output_dir, force))
-    snapshot = resolve(model, revision, token, cache_dir)
+    snapshot = resolve(model, revision, token, cache_dir, include_code)
     check_output_dir(output_dir, [snapshot.path])
-    return open_quantized(snapshot.path), output
+    return open_quantized(snapshot.path), output, provenance.record(ctx, snapshot)
 
 
 def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:

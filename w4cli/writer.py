@@ -59,11 +59,13 @@ def parse_size(text: str) -> int:
 class ShardPlan:
     files: dict[str, list[OutputTensor]]  # file name -> tensors, in order
     index: dict[str, Any] | None  # the index JSON, None for a single model.safetensors
+    metadata: dict[str, str]  # every shard's safetensors metadata
 
 
-def plan_shards(tensors: list[OutputTensor], max_shard_size: int) -> ShardPlan:
+def plan_shards(tensors: list[OutputTensor], max_shard_size: int, provenance: dict[str, str]) -> ShardPlan:
     """Shard boundaries from shapes alone (meta tensors), with huggingface_hub's own splitter so
-    file names, order and the index match what `save_pretrained` writes."""
+    file names, order and the index match what `save_pretrained` writes. Every shard's metadata
+    is transformers' `format: pt` plus `provenance` (w4cli/provenance.py)."""
     from huggingface_hub import split_torch_state_dict_into_shards
 
     by_name = {t.name: t for t in tensors}
@@ -73,7 +75,7 @@ def plan_shards(tensors: list[OutputTensor], max_shard_size: int) -> ShardPlan:
     index = None
     if split.is_sharded:
         index = {"metadata": dict(split.metadata), "weight_map": dict(split.tensor_to_filename)}
-    return ShardPlan(files, index)
+    return ShardPlan(files, index, {**SHARD_METADATA, **provenance})
 
 
 # torch dtype -> safetensors dtype code
@@ -92,10 +94,10 @@ SAFETENSORS_CODES = {
 SHARD_METADATA = {"format": "pt"}  # transformers refuses shards without it
 
 
-def safetensors_header(tensors: list[OutputTensor]) -> bytes:
+def safetensors_header(tensors: list[OutputTensor], metadata: dict[str, str]) -> bytes:
     """The 8-byte length and JSON header of a safetensors file holding `tensors` in this order:
     offsets contiguous from 0, header padded with spaces to a multiple of 8 (the format's rules)."""
-    header: dict[str, Any] = {"__metadata__": SHARD_METADATA}
+    header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for t in tensors:
         header[t.name] = {"dtype": SAFETENSORS_CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
@@ -169,7 +171,7 @@ def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None
         for file, members in plan.files.items():
             handle = open(directory / file, "wb")
             handles.append(handle)
-            writer.put(handle, safetensors_header(members))
+            writer.put(handle, safetensors_header(members, plan.metadata))
             for tensor in members:
                 start = time.perf_counter()
                 value = tensor.produce()
@@ -189,13 +191,13 @@ def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None
         for handle in handles:
             handle.close()
     for file, members in plan.files.items():
-        _check_written(directory / file, members)
+        _check_written(directory / file, members, plan.metadata)
     if plan.index is not None:
         write_json(directory / INDEX, plan.index)
     return producing, writer.seconds
 
 
-def _check_written(path: Path, members: list[OutputTensor]) -> None:
+def _check_written(path: Path, members: list[OutputTensor], expected_metadata: dict[str, str]) -> None:
     """The safetensors library must read back exactly the planned header (names, dtypes, shapes)."""
     from safetensors import safe_open
 
@@ -203,7 +205,7 @@ def _check_written(path: Path, members: list[OutputTensor]) -> None:
         found = {name: (handle.get_slice(name).get_dtype(), tuple(handle.get_slice(name).get_shape())) for name in handle.keys()}
         metadata = handle.metadata()
     planned = {t.name: (SAFETENSORS_CODES[t.dtype], t.shape) for t in members}
-    if found != planned or metadata != SHARD_METADATA:
+    if found != planned or metadata != expected_metadata:
         raise AssertionError(f"{path.name}: the written header does not read back as planned")
 
 

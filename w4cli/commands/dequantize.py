@@ -12,6 +12,7 @@ from w4cli.options import (
     Dtype,
     DtypeOpt,
     ForceOpt,
+    IncludeCodeOpt,
     JsonOpt,
     MaxShardSizeOpt,
     ModelArg,
@@ -43,6 +44,7 @@ def dequantize(
     token: TokenOpt = None,
     cache_dir: CacheDirOpt = None,
     force: ForceOpt = False,
+    include_code: IncludeCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn an AWQ (gemm) or w4-repacked checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
@@ -51,11 +53,11 @@ def dequantize(
     """
     from w4cli.convert import write_checkpoint
     from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
-    from w4cli.source import aux_files, open_for_conversion
+    from w4cli.source import files_to_copy, open_for_conversion
     from w4cli.writer import parse_size
 
     shard_bytes = parse_size(max_shard_size)
-    awq, output = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir)
+    awq, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
     dtype_name, dtype_from = choose_dtype(dtype.value, awq)
     backend, dequantizer = select_dequantizer(device.value)
     console.record(quantized_layers=len(awq.layers), dtype=dtype_name, device=backend)
@@ -65,9 +67,10 @@ def dequantize(
         output,
         tensors,
         dense_config(awq.checkpoint.config, dtype_name),
-        aux_files(awq.checkpoint),
+        files_to_copy(awq.checkpoint, include_code),
         shard_bytes,
         label=f"dequantize ({backend})",
+        provenance=origin,
     )
     summary = {
         "dtype": dtype_name,
@@ -76,6 +79,7 @@ def dequantize(
         "layers_dequantized": len(awq.layers),
         "tensors_copied": len(tensors) - len(awq.layers),
         **report.fields(),
+        "provenance": origin,
     }
     console.summary("w4 dequantize", summary, as_json)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from w4cli import console
-from w4cli.options import CacheDirOpt, ForceOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
+from w4cli.options import CacheDirOpt, ForceOpt, IncludeCodeOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
 
 
 @console.boundary
@@ -18,6 +18,7 @@ def repack(
     token: TokenOpt = None,
     cache_dir: CacheDirOpt = None,
     force: ForceOpt = False,
+    include_code: IncludeCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite an AWQ (gemm) checkpoint in w4's GEMV layout (w4-gemv v1): int4 codes packed along K with the [0,2,4,6,1,3,5,7] nibble interleave, tiled for 16-byte loads.
@@ -28,11 +29,11 @@ def repack(
     """
     from w4cli.convert import write_checkpoint
     from w4cli.repack import check_repackable, plan_tensors, repacked_config
-    from w4cli.source import aux_files, open_for_conversion
+    from w4cli.source import files_to_copy, open_for_conversion
     from w4cli.writer import parse_size
 
     shard_bytes = parse_size(max_shard_size)
-    quantized, output = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir)
+    quantized, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
     check_repackable(quantized)
     console.record(quantized_layers=len(quantized.layers))
     tensors = plan_tensors(quantized)
@@ -41,14 +42,16 @@ def repack(
         output,
         tensors,
         repacked_config(quantized.checkpoint.config, quantized),
-        aux_files(quantized.checkpoint),
+        files_to_copy(quantized.checkpoint, include_code),
         shard_bytes,
         label="repack",
+        provenance=origin,
     )
     summary = {
         "layout": "w4-gemv",
         "layers_repacked": len(quantized.layers),
         "tensors_written": report.tensors,
         **report.fields(),
+        "provenance": origin,
     }
     console.summary("w4 repack", summary, as_json)
