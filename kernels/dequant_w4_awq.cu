@@ -45,7 +45,7 @@
 // Constraints: N % 8 == 0, K % G == 0, G >= 1 (any G; G % R == 0 takes the one-group-per-thread
 //   fast path), K, N < 2^31, scales 16-byte aligned. Checked by kernels/ops.cpp.
 // Archs: sm_80+ (bf16 conversions); built for the present GPU only (sm_90 on Hopper).
-// Test: pytest -m gpu tests/test_kernels_gpu.py.  Bench: kernels/run_device.sh.
+// Test: pytest -m gpu tests/test_kernels_gpu.py.  Bench: dev/run_device.sh.
 //
 // `variant` (tuning, default 0 = the defaults below; fp16 -> fp16 only): bits 0..15 = band of the
 // [N, K] tile order (0 = kDefaultBand, in 16-column tiles), bit 16 = plain stores instead of

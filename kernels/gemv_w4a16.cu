@@ -81,7 +81,7 @@
 //   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
 //   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
 // Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); tuned on sm_90 (H100 and H200).
-// Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: kernels/run_gemv_device.sh.
+// Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: dev/run_gemv_device.sh.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

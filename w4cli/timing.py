@@ -1,4 +1,4 @@
-"""GPU timing harness for w4 (`w4 bench`, `w4 gemv`, kernels/bench_dequant.py).
+"""GPU timing harness for w4 (`w4 bench`, `w4 gemv`, and the scripts in dev/).
 
 Method (see /work/shared/notes/anchors.md):
   * validate, then time: `measure` runs the kernel once per input set and calls the caller's

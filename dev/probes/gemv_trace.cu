@@ -1,5 +1,5 @@
 // gemv_trace.cu: a standalone probe (not built into w4): where the GEMV's time goes in one launch.
-// Answers docs/kernels.md ## GEMV steps 41 and 44.
+// Answers dev/LOG.md, GEMV, steps 41 and 44.
 //
 // Builds kernels/gemv_w4a16.cu with W4_GEMV_TRACE defined, so the default (pipelined) kernel
 // records per warp the global timer (ns, common to all SMs, coarse) and its SM's cycle counter
@@ -18,9 +18,10 @@
 //   times between consecutive launches, the spread of each warp's mean over the launches against
 //   the spread within one, and the mean ring time by k-range position in the tile
 // Build and run on a GPU machine (from the repository root):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels kernels/probes/gemv_trace.cu -o /tmp/gt && /tmp/gt
+//   mkdir -p build && nvcc -O3 -std=c++17 -arch=sm_90 -I kernels dev/probes/gemv_trace.cu -o build/gemv_trace
+//   build/gemv_trace
 #define W4_GEMV_TRACE 8192
-#include "../gemv_w4a16.cu"
+#include "gemv_w4a16.cu"  // kernels/, through -I kernels
 
 #include <algorithm>
 #include <cmath>

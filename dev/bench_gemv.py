@@ -3,7 +3,7 @@
 over rotating input sets > 4x L2; median of 30 replays). Every kernel's output is checked against
 a float64 reference before it is timed.
 
-    python3 kernels/bench_gemv.py [--out DIR] [--m 1,2,4,8] [--quick] [--splits]
+    PYTHONPATH=. python3 dev/bench_gemv.py [--out DIR] [--m 1,2,4,8] [--quick] [--splits]
 
 Bytes per call (what the table's GB/s and % of copy use):
     w4:   K*N/2 (int4) + (K/G)*N*2 (scales) + (K/G)*N/2 (zeros) + M*K*2 (x) + M*N*2 (y)
@@ -23,9 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from w4cli import kernels, timing  # noqa: E402
+from w4cli import kernels, timing
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 G = 128

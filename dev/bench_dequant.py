@@ -1,6 +1,6 @@
 """Time the AWQ dequantize kernel against the device-to-device copy ceiling (w4cli/timing.py).
 
-Usage: python3 kernels/bench_dequant.py [--out DIR] [--variants] [--quick]
+Usage: PYTHONPATH=. python3 dev/bench_dequant.py [--out DIR] [--variants] [--quick]
 Bytes per call (explicit): K*N/2 qweight + (K/G)*N*2 scales + (K/G)*N/2 packed zeros read,
 K*N*out_bytes written. Every timing is preceded by a bit-exact check against the reference.
 """
@@ -11,16 +11,13 @@ import argparse
 import datetime
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from w4cli import kernels  # noqa: E402
-from w4cli.formats import awq_gemm  # noqa: E402
-from w4cli.timing import copy_bandwidth, measure  # noqa: E402
+from w4cli import kernels
+from w4cli.formats import awq_gemm
+from w4cli.timing import copy_bandwidth, measure
 
 SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192), (4096, 4096), (4096, 14336)]  # K x N
 G = 128

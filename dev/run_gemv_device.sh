@@ -3,15 +3,15 @@
 # (M = 1, 2, 4, 8 on the Llama-class shapes). Logs go to $OUT (default ./gemv_out); the last thing
 # printed is the table.
 #
-#     bash kernels/run_gemv_device.sh            # tests + full bench
-#     GEMV_BENCH_ARGS="--quick --splits" bash kernels/run_gemv_device.sh
-#     GEMV_NCU=1 GEMV_NCU_VARIANTS="1 2" bash kernels/run_gemv_device.sh   # + ncu, one launch per variant
+#     bash dev/run_gemv_device.sh            # tests + full bench
+#     GEMV_BENCH_ARGS="--quick --splits" bash dev/run_gemv_device.sh
+#     GEMV_NCU=1 GEMV_NCU_VARIANTS="1 2" bash dev/run_gemv_device.sh   # + ncu, one launch per variant
 #     GEMV_TEST_ARGS="-x" (extra pytest args), GEMV_BENCH_ARGS="--no-peers --variants 1,2" (w4 only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gemv_out}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="${XDG_CACHE_HOME:-/tmp/w4cache}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt" 2>&1
 echo "== build" | tee "$OUT/build.log"
@@ -22,7 +22,7 @@ timeout ${GEMV_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_gemv_gp
 tests_rc=${PIPESTATUS[0]}
 
 echo "== bench"
-timeout ${GEMV_BENCH_TIMEOUT:-300} python3 kernels/bench_gemv.py --out "$OUT" ${GEMV_BENCH_ARGS:-} 2>&1 | tee "$OUT/gemv_bench.log" | grep -v "^  " | tail -40
+timeout ${GEMV_BENCH_TIMEOUT:-300} python3 dev/bench_gemv.py --out "$OUT" ${GEMV_BENCH_ARGS:-} 2>&1 | tee "$OUT/gemv_bench.log" | grep -v "^  " | tail -40
 if [ "${GEMV_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   # one launch per variant in GEMV_NCU_VARIANTS (8192x28672, M=1, random data); counters as found
   # (--clock-control none: the clocks are left alone)
@@ -51,7 +51,7 @@ PY
   grep -E "gemv_w4a16|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|L1/TEX Hit|L2 Hit|Stall Long|dram__bytes_read|Executed Ipc A|Block Size|Grid Size" "$OUT/ncu.txt" | head -80
 fi
 if [ "${GEMV_SASS:-0}" = 1 ]; then
-  so=$(ls "$XDG_CACHE_HOME"/w4/kernels/*/*.so | head -1)
+  so=$(ls "${XDG_CACHE_HOME:-$HOME/.cache}"/w4/kernels/*/*.so | head -1)
   cuobjdump -sass "$so" > "$OUT/gemv_sass.txt" 2>&1 && gzip -f "$OUT/gemv_sass.txt"
 fi
 echo "tests exit code: $tests_rc"
