@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dev/run_device.sh: on a GPU machine, from the repo root: build the kernels, run the GPU tests,
 # time the dequantize kernel. Logs go to $OUT (default ./device-out). Usage:
-#   dev/run_device.sh [--variants] [--quick]     (extra args go to dev/bench_dequant.py)
+#   dev/run_device.sh [--quick]     (extra args go to dev/bench_dequant.py)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/device-out}"; mkdir -p "$OUT"

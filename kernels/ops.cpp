@@ -62,9 +62,8 @@ w4::DType to_w4(at::ScalarType t) {
 
 // qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16
 // -> [N, K] (transpose) or [K, N], out_dtype in {float16, bfloat16, float32}.
-at::Tensor dequantize_awq_impl(const at::Tensor& qweight, const at::Tensor& qzeros,
-                               const at::Tensor& scales, at::ScalarType out_dtype, bool transpose,
-                               int64_t variant) {
+at::Tensor dequantize_awq(const at::Tensor& qweight, const at::Tensor& qzeros,
+                          const at::Tensor& scales, at::ScalarType out_dtype, bool transpose) {
   TORCH_CHECK(qweight.is_cuda(), "dequantize_awq: qweight must be a CUDA tensor, got ",
               describe(qweight));
   const at::Device device = qweight.device();
@@ -112,16 +111,10 @@ at::Tensor dequantize_awq_impl(const at::Tensor& qweight, const at::Tensor& qzer
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const cudaError_t err = w4::launch_dequant_awq(
       qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
-      to_w4(scales.scalar_type()), out.data_ptr(), to_w4(out_dtype), K, N, G, transpose,
-      static_cast<int>(variant), stream);
+      to_w4(scales.scalar_type()), out.data_ptr(), to_w4(out_dtype), K, N, G, transpose, stream);
   TORCH_CHECK(err == cudaSuccess, "dequantize_awq: kernel launch failed: ",
-              cudaGetErrorString(err), " (K=", num(K), ", N=", num(N), ", G=", num(G), ", variant=", num(variant), ")");
+              cudaGetErrorString(err), " (K=", num(K), ", N=", num(N), ", G=", num(G), ")");
   return out;
-}
-
-at::Tensor dequantize_awq(const at::Tensor& qweight, const at::Tensor& qzeros,
-                          const at::Tensor& scales, at::ScalarType out_dtype, bool transpose) {
-  return dequantize_awq_impl(qweight, qzeros, scales, out_dtype, transpose, 0);
 }
 
 }  // namespace
@@ -134,10 +127,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_awq", &dequantize_awq, "AWQ gemm int4 -> dense weight, bit-exact",
         py::arg("qweight"), py::arg("qzeros"), py::arg("scales"), py::arg("out_dtype"),
         py::arg("transpose"));
-  m.def("_dequantize_awq_variant", &dequantize_awq_impl,
-        "tuning alternatives of dequantize_awq (fp16 -> fp16 only)", py::arg("qweight"),
-        py::arg("qzeros"), py::arg("scales"), py::arg("out_dtype"), py::arg("transpose"),
-        py::arg("variant"));
   register_gemv(m);
 }
 

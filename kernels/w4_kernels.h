@@ -16,11 +16,10 @@ enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
 // scales [K/G, N] fp16 or bf16 (16-byte aligned), out: [N, K] if transpose else [K, N], out_dtype.
 // out[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n], rounded once to out_dtype.
 // Requires K >= 1, N % 8 == 0, N >= 8, G >= 1, K % G == 0, K and N below 2^31.
-// `variant` selects tuning alternatives (0 = the default); see the .cu header.
 // Returns cudaErrorInvalidValue for arguments it cannot handle, else the launch's error.
 cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, const void* scales,
                                DType scale_dtype, void* out, DType out_dtype, int64_t K, int64_t N,
-                               int64_t G, bool transpose, int variant, cudaStream_t stream);
+                               int64_t G, bool transpose, cudaStream_t stream);
 
 // ---- gemv (w4 GEMV layout) ----
 //
