@@ -26,7 +26,7 @@
 //     TK = 128 / 64). C = 16 (256 threads, 32 KB of shared memory) by default; C = 32 (512
 //     threads, 64 KB, two blocks per SM) for 2-byte outputs with G % 8 == 0 on grids of at least
 //     16 waves, where reading 128 B instead of 64 B of each qweight row per block measured 2
-//     points faster (docs/kernels.md). Thread (cl = tid % C, kq = tid / C) loads R words of column
+//     points faster (dev/LOG.md). Thread (cl = tid % C, kq = tid / C) loads R words of column
 //     cl (coalesced 4C-byte row pieces), dequantizes them, transposes 8 x R values in registers
 //     (byte permutes) into 8 16-byte units "R consecutive k of one channel", and stores them to
 //     the shared tile [8C channels][16 units], unit index XOR-swizzled by cl mod 16
@@ -325,7 +325,7 @@ cudaError_t launch_nk(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, O
 }
 
 // The 32-column tile reads 128 B of each qweight row per block instead of 64 and was 2 points
-// faster on 8192x28672 and 28672x8192 (docs/kernels.md, dequantize item 6f), but its 64 KB blocks
+// faster on 8192x28672 and 28672x8192 (dev/LOG.md, dequantize), but its 64 KB blocks
 // (two per SM) drain more slowly at the end of a grid: it lost 1-3 points on layers of a few waves.
 // Used for 2-byte outputs with one group per thread's rows, from kWideMinWaves waves on.
 constexpr int kWideMinWaves = 16;

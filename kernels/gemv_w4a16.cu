@@ -1,8 +1,9 @@
 // gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..8.
 //
-// Computes, for m < M and n < N, with W[n, k] = (q - z) * s (the AWQ formula):
-//   default (G % 128 == 0 or one group, and K >= 4096): y[m, n] = fp16( sum_b s[b, n] * sum_{k in block b}
-//       (q - z)[n, k] x[m, k]  (+ bias[n]) ): the tensor cores sum exact products of small integers
+// Computes, for m < M and n < N, with W[n, k] = (q - z) * s (the AWQ formula), on one of two paths:
+//   scale after the mma (G % 128 == 0 or one group, and K >= 4096):
+//       y[m, n] = fp16( sum_b s[b, n] * sum_{k in block b} (q - z)[n, k] x[m, k]  (+ bias[n]) ):
+//       the tensor cores sum exact products of small integers
 //       (q - z in -15..15, exact in fp16) and fp16 activations in fp32 over each 128-k block, the
 //       block's fp32 sum is scaled once by its group's scale (fp32 fma), one final rounding. The
 //       weight is never rounded to fp16: the result differs from the fp16-weight reference
@@ -10,9 +11,9 @@
 //       weight, so |dy| <= 2^-11 sum |x||w| in the worst case (all roundings one way) and about
 //       sqrt(K) 2^-12 |x||w| typically. w4cli/tolerance.py's bound (2^-10 |ref| + 4 K 2^-24
 //       |x|@|W| + 2^-24) holds it: its K term alone covers the worst case for K >= 2048, and the
-//       path is only taken for K >= 4096, where that is at most half of the K term (a K = 128
-//       layer failed the bound before this limit: tests/test_gemv_cli_gpu.py). Data whose products and sums are exact
-//       (x in {-1, 0, 1}, power-of-two scales: the exact tests) gives the
+//       path is only taken for K >= 4096, where that is at most half of the K term (without the
+//       limit a K = 128 layer fails the bound: tests/test_gemv_cli_gpu.py). Data whose products
+//       and sums are exact (x in {-1, 0, 1}, power-of-two scales: the exact tests) gives the
 //       reference bit for bit either way.
 //   G = 32 or 64 (a 128-k block spans several groups), or K < 4096: the per-weight path,
 //       W16[n, k] = fp16((q - z) * s) bit-identical to w4_gemv.dequantize, products exact, fp32 sums.
@@ -38,7 +39,7 @@
 // words 4t..4t+3 of rows g and g+8 = k 128b + 32t + [0, 32). Word j (k0 = 128b + 32t + 8j) gives,
 // through int4_convert.cuh's lop3 conversion with the zero point folded into the bias removal, the
 // fp16 pairs d0=(k0, k0+1), d1=(k0+2, k0+3), d2=(k0+4, k0+5), d3=(k0+6, k0+7) of exact q - z
-// (the per-weight path then scales each by one mul.rn.f16x2; the default scales the mma sums).
+// (the per-weight path then scales each by one mul.rn.f16x2; the other scales the mma sums).
 // The mma only needs A and B to agree on which real k sits in each k-slot, so
 //     mma 1: a0 = d0(row g), a1 = d0(row g+8), a2 = d1(row g), a3 = d1(row g+8); b = x[g, k0..k0+3]
 //     mma 2: a0 = d2(row g), a1 = d2(row g+8), a2 = d3(row g), a3 = d3(row g+8); b = x[g, k0+4..+7]
@@ -355,16 +356,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_w4a16_lean_kernel(cons
 }
 
 
-// Pipelined kernel (the default where the scale goes after the mma): D register stages in a ring
-// with compile-time slots (no stage is ever copied: a copy waits for the load it copies, which is
-// what made earlier double-buffering attempts serial). While a warp converts and multiplies one
+// Pipelined kernel (where the scale goes after the mma): D register stages in a ring with
+// compile-time slots (no stage is ever copied: a copy waits for the load it copies, which would
+// serialise the buffers again). While a warp converts and multiplies one
 // k-block, the next D - 1 k-blocks' weights, scales and zeros are in flight. Scale after the mma
 // only (G % 128 == 0 or one group): the group advances every kb_per_group k-blocks, so scales and
 // zeros are reached by running pointers, without the per-k-block group division and 64-bit
 // address arithmetic of the lean kernel. The activations are read per 8-k word just before their
 // mma (L1 hits). D = 2 at up to 128 registers measured best (D = 3 or 4 and an 80-register cap
-// were slower: docs/kernels.md ## GEMV); a data dependency between the slots keeps ptxas from
-// merging them into one batch (see `order` below).
+// were slower: dev/LOG.md, GEMV); a data dependency between the slots keeps ptxas from merging
+// them into one batch (see `order` below).
 struct Stage {
   uint4 lo, hi;    // words 4t..4t+3 of rows g and g+8
   uint32_t s0, s1; // fp16 scale bits of rows g, g+8
@@ -382,7 +383,7 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
   return v;
 }
 
-// Timeline hooks for kernels/probes/gemv_trace.cu only (w4's own build leaves W4_GEMV_TRACE
+// Timeline hooks for dev/probes/gemv_trace.cu only (w4's own build leaves W4_GEMV_TRACE
 // undefined and the stamps compile to nothing): lane 0 of each warp records the global timer (ns)
 // and its SM's cycle counter at the kernel's entry, after the ring's last trip, after its last
 // k-block and after the store.
@@ -449,8 +450,8 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
   // refill at the end of the trip, so all of a trip's loads are waited for together. `order` is
   // 0 at run time but the compiler cannot know it: adding it to the zero-point shift makes each
   // slot's conversion wait for the previous slot's result, so ptxas issues a slot's refill as
-  // soon as its registers are free, before the next slot's work (one AND and one add per k-block;
-  // -1.3..-2.6% at M = 1 on both GPUs, docs/kernels.md ## GEMV step 29).
+  // soon as its registers are free, before the next slot's work (one AND and one add per k-block
+  // buy 1.3-2.6% at M = 1 on the H100 and the H200: dev/LOG.md, GEMV).
   uint32_t order = 0;
   auto compute = [&](const Stage& st, float (&acc)[4]) {
     const int zshift = l.zshift + (int)order;

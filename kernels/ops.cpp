@@ -13,9 +13,9 @@
 
 namespace {
 
-// Numbers are turned into strings here, never streamed into TORCH_CHECK: on the device machine
-// (torch 2.11 + cu130) streaming an integer into a TORCH_CHECK message from this extension
-// crashed the process (segfault inside the message formatting), while strings were fine.
+// Numbers are turned into strings here, never streamed into TORCH_CHECK: with torch 2.11 + cu130,
+// streaming an integer into a TORCH_CHECK message from this extension crashes the process (a
+// segfault inside the message formatting), while strings are fine.
 std::string num(int64_t v) { return std::to_string(v); }
 
 // msg("K = ", K, " ..."): concatenates strings and integers without the stream formatting above.
