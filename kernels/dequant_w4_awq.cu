@@ -26,7 +26,7 @@
 //     TK = 128 / 64). C = 16 (256 threads, 32 KB of shared memory) by default; C = 32 (512
 //     threads, 64 KB, two blocks per SM) for 2-byte outputs with G % 8 == 0 on grids of at least
 //     16 waves, where reading 128 B instead of 64 B of each qweight row per block measured 2
-//     points faster (docs/kernels.md). Thread (cl = tid % C, kq = tid / C) loads R words of column
+//     points faster (dev/LOG.md). Thread (cl = tid % C, kq = tid / C) loads R words of column
 //     cl (coalesced 4C-byte row pieces), dequantizes them, transposes 8 x R values in registers
 //     (byte permutes) into 8 16-byte units "R consecutive k of one channel", and stores them to
 //     the shared tile [8C channels][16 units], unit index XOR-swizzled by cl mod 16
@@ -45,11 +45,7 @@
 // Constraints: N % 8 == 0, K % G == 0, G >= 1 (any G; G % R == 0 takes the one-group-per-thread
 //   fast path), K, N < 2^31, scales 16-byte aligned. Checked by kernels/ops.cpp.
 // Archs: sm_80+ (bf16 conversions); built for the present GPU only (sm_90 on Hopper).
-// Test: pytest -m gpu tests/test_kernels_gpu.py.  Bench: kernels/run_device.sh.
-//
-// `variant` (tuning, default 0 = the defaults below; fp16 -> fp16 only): bits 0..15 = band of the
-// [N, K] tile order (0 = kDefaultBand, in 16-column tiles), bit 16 = plain stores instead of
-// streaming (.cs) stores, bit 17 / bit 18 = force the 16- / 32-column [N, K] tile.
+// Test: pytest -m gpu tests/test_kernels_gpu.py.  Bench: dev/run_device.sh.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -142,15 +138,10 @@ __device__ __forceinline__ void dequant_word(uint32_t w, const GroupParams& p,
 
 // 16-byte global store; .cs = "streaming, likely accessed once": the output is never re-read by
 // this kernel, so it should not evict the scales/zeros other blocks still need from L2.
-template <bool kStream>
 __device__ __forceinline__ void store16(void* ptr, uint4 v) {
-  if constexpr (kStream) {
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-  } else {
-    *reinterpret_cast<uint4*>(ptr) = v;
-  }
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 // Element i of a 16-byte unit, for the unaligned tail path.
@@ -178,7 +169,7 @@ __device__ __forceinline__ void store_tail(OutT* dst, const uint4& u, int count)
 
 // ------------------------------------------------------------------------------------------------
 // [N, K] output: transpose through shared memory.
-template <typename OutT, typename ScaleT, bool kAligned, bool kStream, int kCols>
+template <typename OutT, typename ScaleT, bool kAligned, int kCols>
 __global__ void __launch_bounds__(kCols * 16)
     dequant_awq_nk_kernel(const uint32_t* __restrict__ qweight, const uint32_t* __restrict__ qzeros,
                           const ScaleT* __restrict__ scales, OutT* __restrict__ out, int K, int Nw,
@@ -262,7 +253,7 @@ __global__ void __launch_bounds__(kCols * 16)
     if (n < N && k < K) {
       OutT* dst = out + (size_t)n * K + k;
       if (vec) {
-        store16<kStream>(dst, val);
+        store16(dst, val);
       } else {
         store_tail<OutT, 0, R>(dst, val, K - k);
       }
@@ -274,7 +265,7 @@ __global__ void __launch_bounds__(kCols * 16)
 // [K, N] output: no transpose; each word's 8 channels are contiguous in the output row.
 constexpr int kKnRows = 8;   // rows per thread
 constexpr int kKnCols = 64;  // packed columns per block
-template <typename OutT, typename ScaleT, bool kAligned, bool kStream>
+template <typename OutT, typename ScaleT, bool kAligned>
 __global__ void __launch_bounds__(kThreads)
     dequant_awq_kn_kernel(const uint32_t* __restrict__ qweight, const uint32_t* __restrict__ qzeros,
                           const ScaleT* __restrict__ scales, OutT* __restrict__ out, int K, int Nw,
@@ -306,14 +297,14 @@ __global__ void __launch_bounds__(kThreads)
       uint4* dst = reinterpret_cast<uint4*>(out + (size_t)k * N + (size_t)c * 8);
 #pragma unroll
       for (int q = 0; q < kW / 4; ++q)
-        store16<kStream>(dst + q, make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]));
+        store16(dst + q, make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]));
     }
   }
 }
 
 // ------------------------------------------------------------------------------------------------
 // [N, K] launch for a tile of kCols packed columns (kCols * 16 threads, kCols * 2 KB of shared).
-template <typename OutT, typename ScaleT, bool kStream, int kCols>
+template <typename OutT, typename ScaleT, int kCols>
 cudaError_t launch_nk(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, OutT* out, int K,
                       int Nw, int G, int band, cudaStream_t stream) {
   constexpr int R = 16 / (int)sizeof(OutT);
@@ -323,8 +314,8 @@ cudaError_t launch_nk(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, O
   const long long blocks = (long long)tiles_k * tiles_c;
   if (blocks > 0x7FFFFFFFLL) return cudaErrorInvalidValue;
   band = max(1, min(band, tiles_c));
-  auto kernel = (G % R == 0) ? dequant_awq_nk_kernel<OutT, ScaleT, true, kStream, kCols>
-                             : dequant_awq_nk_kernel<OutT, ScaleT, false, kStream, kCols>;
+  auto kernel = (G % R == 0) ? dequant_awq_nk_kernel<OutT, ScaleT, true, kCols>
+                             : dequant_awq_nk_kernel<OutT, ScaleT, false, kCols>;
   if (kSmem > 48 * 1024) {  // above 48 KB a kernel must opt in
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return e;
@@ -334,7 +325,7 @@ cudaError_t launch_nk(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, O
 }
 
 // The 32-column tile reads 128 B of each qweight row per block instead of 64 and was 2 points
-// faster on 8192x28672 and 28672x8192 (docs/kernels.md, dequantize item 6f), but its 64 KB blocks
+// faster on 8192x28672 and 28672x8192 (dev/LOG.md, dequantize), but its 64 KB blocks
 // (two per SM) drain more slowly at the end of a grid: it lost 1-3 points on layers of a few waves.
 // Used for 2-byte outputs with one group per thread's rows, from kWideMinWaves waves on.
 constexpr int kWideMinWaves = 16;
@@ -348,16 +339,16 @@ bool use_wide_tile(int K, int Nw, int out_bytes, bool aligned) {
   return blocks >= (long long)kWideMinWaves * 2 * sms;
 }
 
-// tile: 0 = by shape (use_wide_tile), 16 or 32 = forced (tuning and tests).
-template <typename OutT, typename ScaleT, bool kStream>
-cudaError_t launch_typed(const uint32_t* qw, const uint32_t* qz, const ScaleT* s, OutT* out, int K,
-                         int Nw, int G, bool transpose, int band, int tile, cudaStream_t stream) {
+template <typename OutT, typename ScaleT>
+cudaError_t launch_typed(const uint32_t* qw, const uint32_t* qz, const void* scales, void* out_,
+                         int K, int Nw, int G, bool transpose, cudaStream_t stream) {
+  const auto* s = static_cast<const ScaleT*>(scales);
+  auto* out = static_cast<OutT*>(out_);
   if (transpose) {
     constexpr int R = 16 / (int)sizeof(OutT);
-    if (tile == 0) tile = use_wide_tile(K, Nw, (int)sizeof(OutT), G % R == 0) ? 32 : 16;
-    if (tile == 32)  // same bytes per band as the 16-column tile's
-      return launch_nk<OutT, ScaleT, kStream, 32>(qw, qz, s, out, K, Nw, G, max(1, band / 2), stream);
-    return launch_nk<OutT, ScaleT, kStream, 16>(qw, qz, s, out, K, Nw, G, band, stream);
+    if (use_wide_tile(K, Nw, (int)sizeof(OutT), G % R == 0))  // half the band: the same bytes per band
+      return launch_nk<OutT, ScaleT, 32>(qw, qz, s, out, K, Nw, G, kDefaultBand / 2, stream);
+    return launch_nk<OutT, ScaleT, 16>(qw, qz, s, out, K, Nw, G, kDefaultBand, stream);
   } else {
     const int rows_per_block = (kThreads / kKnCols) * kKnRows;
     const int tiles_k = (K + rows_per_block - 1) / rows_per_block;
@@ -365,21 +356,13 @@ cudaError_t launch_typed(const uint32_t* qw, const uint32_t* qz, const ScaleT* s
     const long long blocks = (long long)tiles_k * tiles_c;
     if (blocks > 0x7FFFFFFFLL) return cudaErrorInvalidValue;
     if (G % kKnRows == 0)
-      dequant_awq_kn_kernel<OutT, ScaleT, true, kStream>
+      dequant_awq_kn_kernel<OutT, ScaleT, true>
           <<<(unsigned)blocks, kThreads, 0, stream>>>(qw, qz, s, out, K, Nw, G, tiles_c);
     else
-      dequant_awq_kn_kernel<OutT, ScaleT, false, kStream>
+      dequant_awq_kn_kernel<OutT, ScaleT, false>
           <<<(unsigned)blocks, kThreads, 0, stream>>>(qw, qz, s, out, K, Nw, G, tiles_c);
   }
   return cudaGetLastError();
-}
-
-template <typename OutT, typename ScaleT>
-cudaError_t launch_default(const uint32_t* qw, const uint32_t* qz, const void* s, void* out, int K,
-                           int Nw, int G, bool transpose, cudaStream_t stream) {
-  return launch_typed<OutT, ScaleT, true>(qw, qz, static_cast<const ScaleT*>(s),
-                                          static_cast<OutT*>(out), K, Nw, G, transpose,
-                                          kDefaultBand, 0, stream);
 }
 
 template <typename ScaleT>
@@ -387,11 +370,11 @@ cudaError_t launch_scale(const uint32_t* qw, const uint32_t* qz, const void* s, 
                          DType out_dtype, int K, int Nw, int G, bool transpose, cudaStream_t stream) {
   switch (out_dtype) {
     case DType::kF16:
-      return launch_default<__half, ScaleT>(qw, qz, s, out, K, Nw, G, transpose, stream);
+      return launch_typed<__half, ScaleT>(qw, qz, s, out, K, Nw, G, transpose, stream);
     case DType::kBF16:
-      return launch_default<__nv_bfloat16, ScaleT>(qw, qz, s, out, K, Nw, G, transpose, stream);
+      return launch_typed<__nv_bfloat16, ScaleT>(qw, qz, s, out, K, Nw, G, transpose, stream);
     case DType::kF32:
-      return launch_default<float, ScaleT>(qw, qz, s, out, K, Nw, G, transpose, stream);
+      return launch_typed<float, ScaleT>(qw, qz, s, out, K, Nw, G, transpose, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -400,7 +383,7 @@ cudaError_t launch_scale(const uint32_t* qw, const uint32_t* qz, const void* s, 
 
 cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, const void* scales,
                                DType scale_dtype, void* out, DType out_dtype, int64_t K, int64_t N,
-                               int64_t G, bool transpose, int variant, cudaStream_t stream) {
+                               int64_t G, bool transpose, cudaStream_t stream) {
   if (K < 1 || N < 8 || N % 8 != 0 || G < 1 || K % G != 0) return cudaErrorInvalidValue;
   if (K > 0x7FFFFFFFLL || N > 0x7FFFFFFFLL) return cudaErrorInvalidValue;
   if (reinterpret_cast<uintptr_t>(scales) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
@@ -409,17 +392,6 @@ cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, co
   const auto* qz = reinterpret_cast<const uint32_t*>(qzeros);
   const int k = (int)K, nw = (int)(N / 8), g = (int)G;
 
-  if (variant != 0) {  // tuning alternatives, fp16 -> fp16 only
-    if (scale_dtype != DType::kF16 || out_dtype != DType::kF16) return cudaErrorInvalidValue;
-    if (variant < 0 || variant > 0x7FFFF) return cudaErrorInvalidValue;
-    const auto* s = static_cast<const __half*>(scales);
-    auto* o = static_cast<__half*>(out);
-    const int band = (variant & 0xFFFF) ? (variant & 0xFFFF) : kDefaultBand;
-    const int tile = (variant & 0x20000) ? 16 : (variant & 0x40000) ? 32 : 0;
-    if (variant & 0x10000)
-      return launch_typed<__half, __half, false>(qw, qz, s, o, k, nw, g, transpose, band, tile, stream);
-    return launch_typed<__half, __half, true>(qw, qz, s, o, k, nw, g, transpose, band, tile, stream);
-  }
   switch (scale_dtype) {
     case DType::kF16:
       return launch_scale<__half>(qw, qz, scales, out, out_dtype, k, nw, g, transpose, stream);

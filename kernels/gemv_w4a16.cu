@@ -1,8 +1,9 @@
 // gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..8.
 //
-// Computes, for m < M and n < N, with W[n, k] = (q - z) * s (the AWQ formula):
-//   default (G % 128 == 0 or one group, and K >= 4096): y[m, n] = fp16( sum_b s[b, n] * sum_{k in block b}
-//       (q - z)[n, k] x[m, k]  (+ bias[n]) ): the tensor cores sum exact products of small integers
+// Computes, for m < M and n < N, with W[n, k] = (q - z) * s (the AWQ formula), on one of two paths:
+//   scale after the mma (G % 128 == 0 or one group, and K >= 4096):
+//       y[m, n] = fp16( sum_b s[b, n] * sum_{k in block b} (q - z)[n, k] x[m, k]  (+ bias[n]) ):
+//       the tensor cores sum exact products of small integers
 //       (q - z in -15..15, exact in fp16) and fp16 activations in fp32 over each 128-k block, the
 //       block's fp32 sum is scaled once by its group's scale (fp32 fma), one final rounding. The
 //       weight is never rounded to fp16: the result differs from the fp16-weight reference
@@ -10,11 +11,11 @@
 //       weight, so |dy| <= 2^-11 sum |x||w| in the worst case (all roundings one way) and about
 //       sqrt(K) 2^-12 |x||w| typically. w4cli/tolerance.py's bound (2^-10 |ref| + 4 K 2^-24
 //       |x|@|W| + 2^-24) holds it: its K term alone covers the worst case for K >= 2048, and the
-//       path is only taken for K >= 4096, where that is at most half of the K term (a K = 128
-//       layer failed the bound before this limit: tests/test_gemv_cli_gpu.py). Data whose products and sums are exact
-//       (x in {-1, 0, 1}, power-of-two scales: the exact tests) gives the
+//       path is only taken for K >= 4096, where that is at most half of the K term (without the
+//       limit a K = 128 layer fails the bound: tests/test_gemv_cli_gpu.py). Data whose products
+//       and sums are exact (x in {-1, 0, 1}, power-of-two scales: the exact tests) gives the
 //       reference bit for bit either way.
-//   G = 32 or 64 (a 128-k block spans several groups), K < 4096, or variant 2: the per-weight path,
+//   G = 32 or 64 (a 128-k block spans several groups), or K < 4096: the per-weight path,
 //       W16[n, k] = fp16((q - z) * s) bit-identical to w4_gemv.dequantize, products exact, fp32 sums.
 // The pure-torch oracle is w4cli.formats.w4_gemv.gemv_reference (fp32 result from W16).
 //
@@ -38,7 +39,7 @@
 // words 4t..4t+3 of rows g and g+8 = k 128b + 32t + [0, 32). Word j (k0 = 128b + 32t + 8j) gives,
 // through int4_convert.cuh's lop3 conversion with the zero point folded into the bias removal, the
 // fp16 pairs d0=(k0, k0+1), d1=(k0+2, k0+3), d2=(k0+4, k0+5), d3=(k0+6, k0+7) of exact q - z
-// (the per-weight path then scales each by one mul.rn.f16x2; the default scales the mma sums).
+// (the per-weight path then scales each by one mul.rn.f16x2; the other scales the mma sums).
 // The mma only needs A and B to agree on which real k sits in each k-slot, so
 //     mma 1: a0 = d0(row g), a1 = d0(row g+8), a2 = d1(row g), a3 = d1(row g+8); b = x[g, k0..k0+3]
 //     mma 2: a0 = d2(row g), a1 = d2(row g+8), a2 = d3(row g), a3 = d3(row g+8); b = x[g, k0+4..+7]
@@ -53,23 +54,11 @@
 // rounding. S is the largest power of two for which all ceil(N/16) blocks are resident at once
 // (one wave, from the occupancy API), or `splits` when given.
 //
-// Variants (`variant`). Measured 2026-11-21 (third session), same run per device, M = 1 / M = 8,
-// us (docs/kernels.md ## GEMV has the full tables and the experiments that were dropped):
-//                                                   8192x8192    8192x28672   28672x8192
-//   0  default: where the scale goes after the mma, the pipelined kernel (two register stages
-//      computed in order, two mma chains per k-block; up to 128 registers, one 16-warp block or
-//      several smaller ones per SM); elsewhere the kernel of variant 2
-//                                          H100     14.17/14.85  45.71/45.66  43.54/44.26
-//                                          H200     12.00/14.47  35.89/44.41  33.22/42.70
-//   1  lean loop, one k-block at a time, unpredicated, 64 registers (two 512-thread blocks per
-//      SM), scale after the mma (the first session's default)
-//                                          H100     14.40/15.52  45.57/47.70  44.10/46.96
-//                                          H200     12.24/15.26  36.58/47.56  35.26/45.20
-//   2  the lean loop with the per-weight scale (the path for G = 32/64, K < 4096)
-//   Dropped after measuring: register double buffering with copies (the copy waits for its load),
-//   U > 1 k-blocks per trip, bulk copies (cp.async.bulk + mbarrier), two per-warp cp.async rings in
-//   shared memory (2-3x slower, with 4-byte or with only 16-byte copies), three or four register
-//   stages, activations carried in the stage, the pipeline capped at 80 registers.
+// Kernels, chosen by shape in launch_gemv_w4a16 (dev/LOG.md has the measurements behind each):
+//   scale after the mma: the pipelined kernel, two register stages computed in order, two mma
+//     chains per k-block; up to 128 registers (one 16-warp block or several smaller ones per SM)
+//   per weight: the lean kernel, one k-block at a time, unpredicated main loop, 64 registers (two
+//     512-thread blocks per SM)
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
 //   1 <= M <= 8 (larger M: call per 8 rows; the tensor-core tile has 8 columns), N % 8 == 0,
 //   K % 8 == 0, K % G == 0, G % 32 == 0 or G == K, K < 2^21, N < 2^31.
@@ -81,7 +70,7 @@
 //   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
 //   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
 // Archs: sm_80+ (mma.sync m16n8k16 f16 -> f32, ld.global.L2::cache_hint); tuned on sm_90 (H100 and H200).
-// Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: kernels/run_gemv_device.sh.
+// Test: pytest -m gpu tests/test_gemv_gpu.py.  Bench: dev/run_gemv_device.sh.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -96,6 +85,7 @@ namespace {
 
 constexpr int kMaxWarps = 16;  // per block; 16 * 32 threads * 128 registers = one SM's 64K
 constexpr int kMaxM = 8;       // mma n8: one column per token
+constexpr int kSmemPerWarp = 4 * 32 * sizeof(float);  // one warp's 16x8 fp32 partial tile
 
 // Weights are read exactly once: tell L2 to evict them first so that the activations, scales
 // and zeros (re-read by every row tile) stay resident. L1 is bypassed for the same reason.
@@ -316,47 +306,18 @@ __device__ __forceinline__ void finish_warp(const Args& a, const Lane& l, int la
   reduce_store(a, l, lane, warp, acc0, acc1, partial);
 }
 
-// One k-block with the scale applied after the mma (kPost): the tensor cores sum (q - z) * x,
-// exact small integers times fp16 activations, into t (fp32), and the lane scales its 4 sums once:
-// acc += s * t. Valid when the whole 128-k block lies in one group (G % 128 == 0 or one group):
-// one mma's 16 k come from the 4 lanes t = 0..3, i.e. from 4 different 32-k runs.
-// Saves the 4 mul.rn.f16x2 per word (32 of the 112 essential instructions per k-block) for 4 fma.
-__device__ __forceinline__ void compute_one_post(const uint4& lo, const uint4& hi, uint32_t z,
-                                                 const uint4 (&xv)[4], float s_lo, float s_hi,
-                                                 float (&acc)[4]) {
-  const ZeroF16x8 zlo = row_zero(z & 0xF);
-  const ZeroF16x8 zhi = row_zero(z >> 4);
-  const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w};
-  const uint32_t wh[4] = {hi.x, hi.y, hi.z, hi.w};
-  float t[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t dl[4], dh[4];
-    u4x8_minus_zero_f16x8(wl[j], zlo, dl);  // exact q - z in -15..15
-    u4x8_minus_zero_f16x8(wh[j], zhi, dh);
-    mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv[j].x, xv[j].y);
-    mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv[j].z, xv[j].w);
-  }
-  acc[0] = fmaf(s_lo, t[0], acc[0]);
-  acc[1] = fmaf(s_lo, t[1], acc[1]);
-  acc[2] = fmaf(s_hi, t[2], acc[2]);
-  acc[3] = fmaf(s_hi, t[3], acc[3]);
-}
-
-// Lean variant: the same work with the addressing hoisted out of the loop. The k-blocks that lie
-// wholly inside K are walked U at a time with running pointers and no bounds checks (only the
-// lane-constant "rows g+8 exist" and "column g < M" predicates); the rest (at most one partial
-// k-block per warp, and a remainder below U) goes through the checked path above. The compiler's
-// version of the checked loop recomputed 64-bit addresses and bounds for every load, about as
-// many instructions as the dequantization itself.
+// Per-weight kernel: the checked path's work with the addressing hoisted out of the loop. The
+// k-blocks that lie wholly inside K are walked one at a time with running pointers; the partial
+// k-block past K goes through the checked path above. The compiler's version of the checked loop
+// recomputes 64-bit addresses and bounds for every load, about as many instructions as the
+// dequantization itself.
 //
-// kUnpred: no predicates at all in the main loop. Lanes whose B column g >= M load x row 0 and a
-// half-empty last tile (N % 16 == 8) re-reads its rows g as rows g+8: both only feed outputs
-// (m >= M, n >= N) that are never stored, and the mma keeps columns and rows independent, so the
-// stored outputs are unchanged (the exact tests run every variant). This drops the per-iteration
-// zeroing of the skipped registers. kMinBlocks caps registers through __launch_bounds__.
-template <int U, int kWarpsCap, bool kUnpred = false, int kMinBlocks = 1, bool kPost = false>
-__global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_kernel(const Args a) {
+// No predicates in the main loop. Lanes whose B column g >= M load x row 0 and a half-empty last
+// tile (N % 16 == 8) re-reads its rows g as rows g+8: both only feed outputs (m >= M, n >= N) that
+// are never stored, and the mma keeps columns and rows independent, so the stored outputs are
+// unchanged. This drops the per-iteration zeroing of the skipped registers. 64 registers
+// (__launch_bounds__ with 2 blocks per SM) let two 16-warp blocks share an SM.
+__global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_w4a16_lean_kernel(const Args a) {
   extern __shared__ __align__(128) uint8_t dsmem[];
   auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
   const int lane = threadIdx.x & 31;
@@ -368,59 +329,43 @@ __global__ void __launch_bounds__(kWarpsCap * 32, kMinBlocks) gemv_w4a16_lean_ke
   float acc1[4] = {0.f, 0.f, 0.f, 0.f};
 
   const uint4* pw = l.wlo + (size_t)kb * 32;
-  const size_t hi_off = (kUnpred && !l.has_hi) ? 0 : (size_t)a.kblocks * 32;
+  const size_t hi_off = l.has_hi ? (size_t)a.kblocks * 32 : 0;
   const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(a.scales) + l.row_lo;
   const uint32_t* zp = a.qzeros + 2 * l.tile;
-  const bool has_hi = kUnpred || l.has_hi, has_x = kUnpred || l.has_x;
-  const int s_hi = (kUnpred && !l.has_hi) ? 0 : 8;  // element offset of row g+8's scale
-  const int z_hi = (kUnpred && !l.has_hi) ? 0 : 1;  // word offset of row g+8's zeros
-  for (; kb + U <= kb_main_end; kb += U) {
-    uint4 lo[U], hi[U], xv[U][4];
-    uint32_t sc[U], z[U];
+  const int s_hi = l.has_hi ? 8 : 0;  // element offset of row g+8's scale
+  const int z_hi = l.has_hi ? 1 : 0;  // word offset of row g+8's zeros
+  for (; kb < kb_main_end; ++kb) {
+    uint4 xv[4];
+    const uint4 lo = load_weight(pw, l.policy);
+    const uint4 hi = load_weight(pw + hi_off, l.policy);
+    const int grp = group_of_run(4u * kb + l.t, a);
+    const unsigned short* srow = sp + (size_t)grp * a.N;
+    const uint32_t* zrow = zp + (size_t)grp * l.words_n;
+    uint32_t sc = __ldg(srow);
+    uint32_t z = (__ldg(zrow) >> l.zshift) & 0xF;
+    sc |= (uint32_t)__ldg(srow + s_hi) << 16;
+    z |= ((__ldg(zrow + z_hi) >> l.zshift) & 0xF) << 4;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      lo[u] = load_weight(pw + u * 32, l.policy);
-      hi[u] = has_hi ? load_weight(pw + hi_off + u * 32, l.policy) : make_uint4(0, 0, 0, 0);
-      const int grp = group_of_run(4u * (kb + u) + l.t, a);
-      const unsigned short* srow = sp + (size_t)grp * a.N;
-      const uint32_t* zrow = zp + (size_t)grp * l.words_n;
-      sc[u] = __ldg(srow);
-      z[u] = (__ldg(zrow) >> l.zshift) & 0xF;
-      if (has_hi) {
-        sc[u] |= (uint32_t)__ldg(srow + s_hi) << 16;
-        z[u] |= ((__ldg(zrow + z_hi) >> l.zshift) & 0xF) << 4;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) xv[u][j] = has_x ? __ldg(px + u * 16 + j) : make_uint4(0, 0, 0, 0);
-    }
-    pw += U * 32;
-    px += U * 16;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if constexpr (kPost) {
-        const float s_lo = __half2float(__ushort_as_half((unsigned short)(sc[u] & 0xFFFFu)));
-        const float s_hi = __half2float(__ushort_as_half((unsigned short)(sc[u] >> 16)));
-        compute_one_post(lo[u], hi[u], z[u], xv[u], s_lo, s_hi, u % 2 ? acc1 : acc0);
-      } else {
-        compute_one(lo[u], hi[u], sc[u], z[u], xv[u], acc0, acc1);
-      }
-    }
+    for (int j = 0; j < 4; ++j) xv[j] = __ldg(px + j);
+    pw += 32;
+    px += 16;
+    compute_one(lo, hi, sc, z, xv, acc0, acc1);
   }
   finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
 }
 
 
-// Pipelined kernel (the default where the scale goes after the mma): D register stages in a ring
-// with compile-time slots (no stage is ever copied: a copy waits for the load it copies, which is
-// what made earlier double-buffering attempts serial). While a warp converts and multiplies one
+// Pipelined kernel (where the scale goes after the mma): D register stages in a ring with
+// compile-time slots (no stage is ever copied: a copy waits for the load it copies, which would
+// serialise the buffers again). While a warp converts and multiplies one
 // k-block, the next D - 1 k-blocks' weights, scales and zeros are in flight. Scale after the mma
 // only (G % 128 == 0 or one group): the group advances every kb_per_group k-blocks, so scales and
 // zeros are reached by running pointers, without the per-k-block group division and 64-bit
 // address arithmetic of the lean kernel. The activations are read per 8-k word just before their
 // mma (L1 hits). D = 2 at up to 128 registers measured best (D = 3 or 4 and an 80-register cap
-// were slower: docs/kernels.md ## GEMV); a data dependency between the slots keeps ptxas from
-// merging them into one batch (see `order` below).
+// were slower: dev/LOG.md, GEMV); a data dependency between the slots keeps ptxas from merging
+// them into one batch (see `order` below).
 struct Stage {
   uint4 lo, hi;    // words 4t..4t+3 of rows g and g+8
   uint32_t s0, s1; // fp16 scale bits of rows g, g+8
@@ -438,7 +383,7 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
   return v;
 }
 
-// Timeline hooks for kernels/probes/gemv_trace.cu only (w4's own build leaves W4_GEMV_TRACE
+// Timeline hooks for dev/probes/gemv_trace.cu only (w4's own build leaves W4_GEMV_TRACE
 // undefined and the stamps compile to nothing): lane 0 of each warp records the global timer (ns)
 // and its SM's cycle counter at the kernel's entry, after the ring's last trip, after its last
 // k-block and after the store.
@@ -505,8 +450,8 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
   // refill at the end of the trip, so all of a trip's loads are waited for together. `order` is
   // 0 at run time but the compiler cannot know it: adding it to the zero-point shift makes each
   // slot's conversion wait for the previous slot's result, so ptxas issues a slot's refill as
-  // soon as its registers are free, before the next slot's work (one AND and one add per k-block;
-  // -1.3..-2.6% at M = 1 on both GPUs, docs/kernels.md ## GEMV step 29).
+  // soon as its registers are free, before the next slot's work (one AND and one add per k-block
+  // buy 1.3-2.6% at M = 1 on the H100 and the H200: dev/LOG.md, GEMV).
   uint32_t order = 0;
   auto compute = [&](const Stage& st, float (&acc)[4]) {
     const int zshift = l.zshift + (int)order;
@@ -565,34 +510,16 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
 
 using KernelFn = void (*)(const Args);
 
-// variant -> kernel (docs/kernels.md ## GEMV has the measurements).
-//   0: the pipelined kernel where the scale goes after the mma (G % 128 == 0 or one group, and
-//      K >= 4096), else the lean kernel with the per-weight scale
-//   1: the lean kernel with the scale after the mma (the previous default, kept to measure the
-//      pipeline against); per weight where the scale cannot go after the mma
-//   2: the lean kernel with the per-weight scale always (the bit-faithful-to-W16 path)
-struct Variant {
-  KernelFn fn;
-  int max_warps;
-  int smem_per_warp;  // dynamic shared memory bytes per warp
-};
-Variant kernel_for(int variant, bool post, bool g128) {
-  if (variant == 2 || !post) return {gemv_w4a16_lean_kernel<1, 16, true, 2, false>, 16, 512};
-  if (variant == 1) return {gemv_w4a16_lean_kernel<1, 16, true, 2, true>, 16, 512};
-  return {g128 ? gemv_w4a16_pipe_kernel<2, true> : gemv_w4a16_pipe_kernel<2, false>, 16, 512};
-}
-constexpr int kVariants = 3;
-
 // Warps per 16-row tile: the largest power of two (<= 16, <= k-blocks) such that all blocks are
 // resident at once (one wave), from the occupancy of this kernel at that block size.
-int auto_warps(KernelFn fn, int max_warps, int smem_per_warp, int tiles, int kblocks) {
+int auto_warps(KernelFn fn, int tiles, int kblocks) {
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   int best = 1;
-  for (int w = 1; w <= max_warps && w <= kblocks; w *= 2) {
+  for (int w = 1; w <= kMaxWarps && w <= kblocks; w *= 2) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, w * 32, w * smem_per_warp) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, w * 32, w * kSmemPerWarp) !=
         cudaSuccess)
       break;
     if ((int64_t)tiles <= (int64_t)per_sm * sms) best = w;
@@ -604,11 +531,10 @@ int auto_warps(KernelFn fn, int max_warps, int smem_per_warp, int tiles, int kbl
 
 cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32_t* qzeros,
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
-                              int64_t N, int64_t G, int splits, int variant,
-                              cudaStream_t stream) {
+                              int64_t N, int64_t G, int splits, cudaStream_t stream) {
   if (M < 1 || M > kMaxM || K < 8 || K % 8 || N < 8 || N % 8 || G < 1 || K % G ||
       (G % 32 && G != K) || K >= (int64_t{1} << 21) || N >= (int64_t{1} << 31) || splits < 0 ||
-      splits > kMaxWarps || variant < 0 || variant >= kVariants) {
+      splits > kMaxWarps) {
     return cudaErrorInvalidValue;
   }
   const int groups = static_cast<int>(K / G);
@@ -624,16 +550,10 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   // skipped weight rounding (at most 2^-11 sum |x||w|) stays within half of the tolerance's K term
   // (4 K 2^-24 sum |x||w|, w4cli/tolerance.py); smaller layers take the per-weight path
   const bool post = (groups == 1 || G % 128 == 0) && K >= 4096;
-  const Variant v = kernel_for(variant, post, G == 128 && groups > 1);
-  if (splits > v.max_warps) return cudaErrorInvalidValue;
-  const KernelFn fn = v.fn;
-  if (v.smem_per_warp * v.max_warps > 48 * 1024) {
-    // above 48 KB a kernel must opt in; the largest block this variant can launch
-    const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               v.smem_per_warp * v.max_warps);
-    if (e != cudaSuccess) return e;
-  }
-  int warps = splits > 0 ? splits : auto_warps(fn, v.max_warps, v.smem_per_warp, tiles, kblocks);
+  const KernelFn fn = !post                       ? gemv_w4a16_lean_kernel
+                      : (G == 128 && groups > 1) ? gemv_w4a16_pipe_kernel<2, true>
+                                                 : gemv_w4a16_pipe_kernel<2, false>;
+  int warps = splits > 0 ? splits : auto_warps(fn, tiles, kblocks);
   warps = warps > kblocks ? kblocks : warps;
   const int kb_per_warp = (kblocks + warps - 1) / warps;
   warps = (kblocks + kb_per_warp - 1) / kb_per_warp;  // no idle warps
@@ -655,7 +575,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   a.kb_per_warp = kb_per_warp;
   a.order_mask = 0;
   a.kb_per_group = groups == 1 ? kblocks + 1 : (G % 128 == 0 ? static_cast<int>(G / 128) : 1);
-  fn<<<tiles, warps * 32, (size_t)warps * v.smem_per_warp, stream>>>(a);
+  fn<<<tiles, warps * 32, (size_t)warps * kSmemPerWarp, stream>>>(a);
   return cudaGetLastError();
 }
 

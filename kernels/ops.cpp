@@ -13,9 +13,9 @@
 
 namespace {
 
-// Numbers are turned into strings here, never streamed into TORCH_CHECK: on the device machine
-// (torch 2.11 + cu130) streaming an integer into a TORCH_CHECK message from this extension
-// crashed the process (segfault inside the message formatting), while strings were fine.
+// Numbers are turned into strings here, never streamed into TORCH_CHECK: with torch 2.11 + cu130,
+// streaming an integer into a TORCH_CHECK message from this extension crashes the process (a
+// segfault inside the message formatting), while strings are fine.
 std::string num(int64_t v) { return std::to_string(v); }
 
 // msg("K = ", K, " ..."): concatenates strings and integers without the stream formatting above.
@@ -62,9 +62,8 @@ w4::DType to_w4(at::ScalarType t) {
 
 // qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16
 // -> [N, K] (transpose) or [K, N], out_dtype in {float16, bfloat16, float32}.
-at::Tensor dequantize_awq_impl(const at::Tensor& qweight, const at::Tensor& qzeros,
-                               const at::Tensor& scales, at::ScalarType out_dtype, bool transpose,
-                               int64_t variant) {
+at::Tensor dequantize_awq(const at::Tensor& qweight, const at::Tensor& qzeros,
+                          const at::Tensor& scales, at::ScalarType out_dtype, bool transpose) {
   TORCH_CHECK(qweight.is_cuda(), "dequantize_awq: qweight must be a CUDA tensor, got ",
               describe(qweight));
   const at::Device device = qweight.device();
@@ -112,16 +111,10 @@ at::Tensor dequantize_awq_impl(const at::Tensor& qweight, const at::Tensor& qzer
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const cudaError_t err = w4::launch_dequant_awq(
       qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
-      to_w4(scales.scalar_type()), out.data_ptr(), to_w4(out_dtype), K, N, G, transpose,
-      static_cast<int>(variant), stream);
+      to_w4(scales.scalar_type()), out.data_ptr(), to_w4(out_dtype), K, N, G, transpose, stream);
   TORCH_CHECK(err == cudaSuccess, "dequantize_awq: kernel launch failed: ",
-              cudaGetErrorString(err), " (K=", num(K), ", N=", num(N), ", G=", num(G), ", variant=", num(variant), ")");
+              cudaGetErrorString(err), " (K=", num(K), ", N=", num(N), ", G=", num(G), ")");
   return out;
-}
-
-at::Tensor dequantize_awq(const at::Tensor& qweight, const at::Tensor& qzeros,
-                          const at::Tensor& scales, at::ScalarType out_dtype, bool transpose) {
-  return dequantize_awq_impl(qweight, qzeros, scales, out_dtype, transpose, 0);
 }
 
 }  // namespace
@@ -134,10 +127,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_awq", &dequantize_awq, "AWQ gemm int4 -> dense weight, bit-exact",
         py::arg("qweight"), py::arg("qzeros"), py::arg("scales"), py::arg("out_dtype"),
         py::arg("transpose"));
-  m.def("_dequantize_awq_variant", &dequantize_awq_impl,
-        "tuning alternatives of dequantize_awq (fp16 -> fp16 only)", py::arg("qweight"),
-        py::arg("qzeros"), py::arg("scales"), py::arg("out_dtype"), py::arg("transpose"),
-        py::arg("variant"));
   register_gemv(m);
 }
 
@@ -157,7 +146,7 @@ void gemv_check_aligned16(const at::Tensor& t, const char* name) {
 // scales [K/G, N] fp16; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic.
 at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                         const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
-                        int64_t splits, int64_t variant) {
+                        int64_t splits) {
   TORCH_CHECK(qweight.is_cuda(), msg("gemv: qweight must be a CUDA tensor, got ", describe(qweight)));
   const at::Device device = qweight.device();
   TORCH_CHECK(x.is_cuda() && x.device() == device, msg("gemv: x must be on ", device.str(),
@@ -201,7 +190,6 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
   TORCH_CHECK(K < (int64_t{1} << 21) && N < (int64_t{1} << 31), msg("gemv: K must be below 2^21 and N "
               "below 2^31, got K=", K, " N=", N));
   TORCH_CHECK(splits >= 0 && splits <= 16, msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
-  TORCH_CHECK(variant >= 0 && variant <= 2, msg("gemv: variant must be 0 (default) .. 2, got ", variant));
   gemv_check_aligned16(x, "x");
   gemv_check_aligned16(qweight, "qweight");
   const void* bias_ptr = nullptr;
@@ -220,11 +208,9 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const cudaError_t err = w4::launch_gemv_w4a16(
       x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
-      bias_ptr, y.data_ptr(), M, K, N, G, static_cast<int>(splits), static_cast<int>(variant),
-      stream);
+      bias_ptr, y.data_ptr(), M, K, N, G, static_cast<int>(splits), stream);
   TORCH_CHECK(err == cudaSuccess, msg("gemv: kernel launch failed: ", cudaGetErrorString(err),
-              " (M=", M, ", K=", K, ", N=", N, ", G=", G, ", splits=", splits, ", variant=", variant,
-              ")"));
+              " (M=", M, ", K=", K, ", N=", N, ", G=", G, ", splits=", splits, ")"));
   return y;
 }
 
@@ -234,5 +220,5 @@ void register_gemv(py::module_& m) {
   m.def("gemv_w4", &gemv_w4_impl,
         "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 8, fp16, fp32 sums",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
-        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("variant") = 0);
+        py::arg("bias") = py::none(), py::arg("splits") = 0);
 }

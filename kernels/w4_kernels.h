@@ -16,11 +16,10 @@ enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
 // scales [K/G, N] fp16 or bf16 (16-byte aligned), out: [N, K] if transpose else [K, N], out_dtype.
 // out[n, k] = (q[k, n] - z[k / G, n]) * s[k / G, n], rounded once to out_dtype.
 // Requires K >= 1, N % 8 == 0, N >= 8, G >= 1, K % G == 0, K and N below 2^31.
-// `variant` selects tuning alternatives (0 = the default); see the .cu header.
 // Returns cudaErrorInvalidValue for arguments it cannot handle, else the launch's error.
 cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, const void* scales,
                                DType scale_dtype, void* out, DType out_dtype, int64_t K, int64_t N,
-                               int64_t G, bool transpose, int variant, cudaStream_t stream);
+                               int64_t G, bool transpose, cudaStream_t stream);
 
 // ---- gemv (w4 GEMV layout) ----
 //
@@ -29,10 +28,10 @@ cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, co
 // 16-byte aligned); qzeros [K/G, N/8] int32 and scales [K/G, N] fp16 (AWQ gemm layout);
 // bias [N] fp16 or nullptr; y [M, N] fp16. Requires 1 <= M <= 8, K % 8 == 0, N % 8 == 0,
 // K % G == 0, G % 32 == 0 or G == K, K < 2^21. `splits` = warps per 16-row tile (split-K),
-// 0 = automatic (1..16); `variant` selects tuning alternatives (0 = the default, see the .cu).
+// 0 = automatic (1..16, from the occupancy API); the tests and dev/ fix it to cover every split.
 // Returns cudaErrorInvalidValue for arguments it cannot handle.
 cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32_t* qzeros,
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
-                              int64_t N, int64_t G, int splits, int variant, cudaStream_t stream);
+                              int64_t N, int64_t G, int splits, cudaStream_t stream);
 
 }  // namespace w4

@@ -3,10 +3,10 @@ Llama-7B-shaped AWQ checkpoint (32 layers, hidden 4096, intermediate 11008, voca
 
     make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR] [--device cuda]
 
-Builds the ~3.9 GB input once (kept in WORKDIR, default /tmp/w4-stream; needs ~35 GB free), then
-runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and reports its peak
-RSS (that child's own, from wait4) and MB/s written, beside the time a plain `cp` of the output
-takes (the disk's pace).
+Builds the ~3.9 GB input once (kept in WORKDIR, default w4-stream in the temp directory; needs
+~35 GB free), then runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and
+reports its peak RSS (that child's own, from wait4) and MB/s written, beside the time a plain `cp`
+of the output takes (the disk's pace).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workdir", nargs="?", default="/tmp/w4-stream")
+    parser.add_argument("workdir", nargs="?", default=str(Path(tempfile.gettempdir()) / "w4-stream"))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     options = parser.parse_args()
     device, work = options.device, Path(options.workdir)

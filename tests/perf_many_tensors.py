@@ -4,7 +4,7 @@ projections x 3 tensors), so time must be linear in the number of tensors.
 
     make bench-tensors           # or: python tests/perf_many_tensors.py [WORKDIR] [--experts E]
 
-Builds the input once (kept in WORKDIR, default /tmp/w4-many), sharded 10 ways with an index:
+Builds the input once (kept in WORKDIR, default w4-many in the temp directory), sharded 10 ways with an index:
 E experts x 3 projections, each a 64 x 32 AWQ linear (qweight, qzeros, scales), plus one norm per
 expert: 10 tensors per expert, 100,000 for the default E = 10,000. Then runs each command in a
 child process and reports wall time and the child's peak RSS.
@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def timed(args: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("workdir", nargs="?", default="/tmp/w4-many", type=Path)
+    parser.add_argument("workdir", nargs="?", default=Path(tempfile.gettempdir()) / "w4-many", type=Path)
     parser.add_argument("--experts", type=int, default=10_000)
     args = parser.parse_args()
     src = build(args.workdir, args.experts)

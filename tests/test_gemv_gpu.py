@@ -119,29 +119,29 @@ def test_exact_every_split(kernels, splits):
     k, n, g = 8192, 64, 64
     layer = make_layer(k, n, g, seed=splits, exact=True)
     x = activations(4, k, seed=splits, exact=True)
-    out = kernels.gemv(x, **layer, splits=splits)
+    out = kernels._gemv_splits(x, **layer, splits=splits)
     assert_exact(out, w4_gemv.gemv_reference(x, **layer))
 
 
-# G = 128, 256 and one group with K >= 4096 take the scale-after-mma path (variant 0: the
-# pipelined kernel, variant 1: the lean one); G = 64, smaller K and variant 2 the per-weight one.
+# G = 128, 256 and one group with K >= 4096 take the scale-after-mma path (the pipelined kernel);
+# G = 64 and smaller K the per-weight one (the lean kernel).
 # 4224 = 33 k-blocks: an odd count per warp leaves one whole k-block to the pipeline's checked tail;
 # 4160 (one group) ends in a partial k-block; N = 1032, 264, 40, 136, 24, 2120 end in a half-empty
 # 16-row tile, the others in whole ones; N >= 2112 gives at least as many tiles as an H100 or H200
 # has SMs (132)
-@pytest.mark.parametrize("variant", range(3))
 @pytest.mark.parametrize(
     "k,n,m,g",
     [(8192, 1032, 1, 128), (8192, 1032, 5, 256), (4224, 264, 2, 128), (4160, 40, 3, 4160), (2304, 136, 8, 64),
      (160, 24, 3, 160), (8192, 1024, 3, 128), (4224, 512, 1, 128), (8192, 992, 8, 256), (4160, 64, 2, 4160),
      (8192, 2120, 1, 128), (4352, 2176, 3, 256), (4096, 4096, 8, 128), (4096, 2112, 2, 4096)],
 )
-def test_exact_every_variant(kernels, variant, k, n, m, g):
-    layer = make_layer(k, n, g, seed=variant + k, exact=True)
-    x = activations(m, k, seed=variant, exact=True)
+def test_exact_both_kernels(kernels, k, n, m, g):
+    layer = make_layer(k, n, g, seed=k, exact=True)
+    x = activations(m, k, seed=0, exact=True)
     ref = w4_gemv.gemv_reference(x, **layer)
-    for splits in (0, 1, 3, 8):
-        assert_exact(kernels.gemv(x, **layer, splits=splits, variant=variant), ref)
+    assert_exact(kernels.gemv(x, **layer), ref)
+    for splits in (1, 3, 8):
+        assert_exact(kernels._gemv_splits(x, **layer, splits=splits), ref)
 
 
 # real layer shapes (K x N), group 128
@@ -243,17 +243,15 @@ def binding_args(m=1, k=256, n=32, g=64):
 def test_binding_messages(kernels, mutate, match):
     args = mutate(binding_args())
     with pytest.raises(RuntimeError, match=match):
-        kernels.load().gemv_w4(*args, None, 0, 0)
+        kernels.load().gemv_w4(*args, None, 0)
 
 
 def test_binding_bias_and_splits_messages(kernels):
     x, qw, qz, s = binding_args()
     with pytest.raises(RuntimeError, match="bias must be a contiguous float16"):
-        kernels.load().gemv_w4(x, qw, qz, s, torch.zeros(31, dtype=torch.float16, device=DEV), 0, 0)
+        kernels.load().gemv_w4(x, qw, qz, s, torch.zeros(31, dtype=torch.float16, device=DEV), 0)
     with pytest.raises(RuntimeError, match="splits"):
-        kernels.load().gemv_w4(x, qw, qz, s, None, 17, 0)
-    with pytest.raises(RuntimeError, match="variant"):
-        kernels.load().gemv_w4(x, qw, qz, s, None, 0, 3)
+        kernels.load().gemv_w4(x, qw, qz, s, None, 17)
 
 
 def test_binding_refuses_group_not_multiple_of_32(kernels):
@@ -263,7 +261,7 @@ def test_binding_refuses_group_not_multiple_of_32(kernels):
     qz = torch.zeros(2, 1, dtype=torch.int32, device=DEV)
     s = torch.ones(2, 8, dtype=torch.float16, device=DEV)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        kernels.load().gemv_w4(x, qw, qz, s, None, 0, 0)
+        kernels.load().gemv_w4(x, qw, qz, s, None, 0)
 
 
 def test_scales_view_not_4_byte_aligned(kernels):

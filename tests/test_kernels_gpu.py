@@ -110,31 +110,14 @@ def test_deterministic(kernels):
         assert torch.equal(bits(a), bits(b))
 
 
-def test_tuning_variants_exact(kernels):
-    qw, qz, s = make_layer(640, 1160, 128, 9)
-    ext = kernels.load()
-    for transpose in (True, False):
-        ref = awq_gemm.dequantize(qw, qz, s, dtype=torch.float16, transpose=transpose)
-        # bands; bit 16 = plain stores; bits 17 / 18 = the 16- / 32-column [N, K] tile forced
-        for variant in (1, 2, 3, 64, 0x10000 | 1, 0x10000 | 4, 0x20000, 0x40000, 0x40000 | 1, 0x40000 | 64):
-            out = ext._dequantize_awq_variant(qw, qz, s, torch.float16, transpose, variant)
-            assert_bit_exact(out, ref)
-
-
-@pytest.mark.parametrize("K,N,G", [(160, 136, 32), (120, 64, 40), (36, 16, 12), (96, 1032, 96), (32, 8, 32)])
-def test_wide_tile_tails_exact(kernels, K, N, G):
-    # the 32-column [N, K] tile, forced on shapes with tails in both dimensions, a per-row group
-    # lookup (G = 40, 12) and unaligned rows (K = 36)
-    qw, qz, s = make_layer(K, N, G, K + N)
-    ref = awq_gemm.dequantize(qw, qz, s, dtype=torch.float16, transpose=True)
-    assert_bit_exact(kernels.load()._dequantize_awq_variant(qw, qz, s, torch.float16, True, 0x40000), ref)
-
-
+# Layers with at least 16 waves of 32-column tiles (two blocks per SM), so that 2-byte outputs take
+# the 32-column [N, K] tile (fp32 keeps the 16-column one), with tails in both dimensions:
+# 8200x17416: 65 x 69 tiles (an odd column-tile count: the last band is half empty), G = 40;
+# 1048584x8: 8193 x 1 tiles, one group, one packed column in a 32-column tile, 8 rows in the last.
+@pytest.mark.parametrize("K,N,G", [(8200, 17416, 40), (1048584, 8, 1048584)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
-def test_large_layer_exact(kernels, dtype):
-    # 65 x 69 tiles of 32 columns: at least 16 waves on a 132-SM GPU, so 2-byte outputs take the
-    # 32-column tile by default (fp32 keeps the 16-column one); tails in both dimensions
-    check(kernels, 8200, 17416, 40, dtype, True, seed=21)
+def test_large_layer_exact(kernels, K, N, G, dtype):
+    check(kernels, K, N, G, dtype, True, seed=21)
 
 
 def test_writes_every_element(kernels):

@@ -279,8 +279,6 @@ def gemv(
     scales: torch.Tensor,
     meta: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
-    splits: int = 0,
-    variant: int = 0,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for one linear in the w4-gemv layout (w4cli.formats.w4_gemv).
 
@@ -290,10 +288,6 @@ def gemv(
         meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
-        splits: warps per 16-row tile (split-K), 0 = automatic; for tuning only.
-        variant: 0 = default (the pipelined kernel where the scale goes after the mma), 1 = the
-            previous one-k-block-at-a-time kernel, 2 = per-weight scale always
-            (kernels/gemv_w4a16.cu); for tuning only.
     M <= 8 is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
     weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
     Matches w4_gemv.gemv_reference(x, ...) within w4cli.tolerance's bound (G % 128 == 0 applies the
@@ -301,12 +295,28 @@ def gemv(
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
     binding's checks, one readable line) for bad tensors.
     """
+    return _gemv_splits(x, qweight, qzeros, scales, meta, bias, splits=0)
+
+
+def _gemv_splits(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    meta: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    splits: int,
+) -> torch.Tensor:
+    """`gemv` with the warps per 16-row tile (split-K) fixed to `splits` (1..16; 0 = chosen from
+    the occupancy, as `gemv` does). Not for users: the automatic choice depends on the GPU, so the
+    tests fix it to cover every split's reduction, and dev/bench_gemv.py sweeps it."""
     del meta
     mod = load()
     if x.dim() == 1:
-        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, splits=splits, variant=variant).squeeze(0)
+        return _gemv_splits(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, splits=splits).squeeze(0)
     if x.dim() == 2 and x.shape[0] > GEMV_MAX_M:
-        parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits), int(variant))
+        parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits))
                  for i in range(0, x.shape[0], GEMV_MAX_M)]
         return torch.cat(parts, dim=0)
-    return mod.gemv_w4(x, qweight, qzeros, scales, bias, int(splits), int(variant))
+    return mod.gemv_w4(x, qweight, qzeros, scales, bias, int(splits))

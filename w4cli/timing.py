@@ -1,6 +1,6 @@
-"""GPU timing harness for w4 (`w4 bench`, `w4 gemv`, kernels/bench_dequant.py).
+"""GPU timing harness for w4 (`w4 bench`, `w4 gemv`, and the scripts in dev/).
 
-Method (see /work/shared/notes/anchors.md):
+Method:
   * validate, then time: `measure` runs the kernel once per input set and calls the caller's
     `check(out, args)`; if it fails (returns False or raises) no time is reported -- CheckFailed is
     raised instead. The graph's own outputs of the first set are checked again after timing.

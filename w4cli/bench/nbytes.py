@@ -1,6 +1,6 @@
 """Bytes credited to one call of each method: the numerator of every GB/s `w4 bench` prints.
 
-The definition (docs/bench.md repeats it; /work/shared/notes/anchors.md uses the same):
+The definition (docs/bench.md and docs/performance.md repeat it):
 
     K = in_features, N = out_features, M = batch rows, G = group size; 1 GB = 1e9 bytes
     activations + output   M*K*2 + M*N*2                 (fp16 or bf16 x read, y written)

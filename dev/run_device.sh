@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# kernels/run_device.sh: on a GPU machine, from the repo root: build the kernels, run the GPU tests,
+# dev/run_device.sh: on a GPU machine, from the repo root: build the kernels, run the GPU tests,
 # time the dequantize kernel. Logs go to $OUT (default ./device-out). Usage:
-#   kernels/run_device.sh [--variants] [--quick]     (extra args go to kernels/bench_dequant.py)
+#   dev/run_device.sh [--quick]     (extra args go to dev/bench_dequant.py)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/device-out}"; mkdir -p "$OUT"
@@ -15,6 +15,6 @@ if [ "$rc_build" -ne 0 ]; then cat ~/.cache/w4/kernels/*/build.log 2>/dev/null |
 "$PY" -m pytest -q -m gpu tests/test_kernels_gpu.py -x -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25
 rc_test=${PIPESTATUS[0]}
 echo "pytest gpu: rc=$rc_test"
-"$PY" kernels/bench_dequant.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.txt"; rc_bench=${PIPESTATUS[0]}
+"$PY" dev/bench_dequant.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.txt"; rc_bench=${PIPESTATUS[0]}
 echo "bench: rc=$rc_bench; total $(( $(date +%s) - t0 )) s"
 [ "$rc_test" -eq 0 ] && [ "$rc_bench" -eq 0 ]

@@ -1,6 +1,6 @@
 """Time the AWQ dequantize kernel against the device-to-device copy ceiling (w4cli/timing.py).
 
-Usage: python3 kernels/bench_dequant.py [--out DIR] [--variants] [--quick]
+Usage: PYTHONPATH=. python3 dev/bench_dequant.py [--out DIR] [--quick]
 Bytes per call (explicit): K*N/2 qweight + (K/G)*N*2 scales + (K/G)*N/2 packed zeros read,
 K*N*out_bytes written. Every timing is preceded by a bit-exact check against the reference.
 """
@@ -11,16 +11,13 @@ import argparse
 import datetime
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from w4cli import kernels  # noqa: E402
-from w4cli.formats import awq_gemm  # noqa: E402
-from w4cli.timing import copy_bandwidth, measure  # noqa: E402
+from w4cli import kernels
+from w4cli.formats import awq_gemm
+from w4cli.timing import copy_bandwidth, measure
 
 SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192), (4096, 4096), (4096, 14336)]  # K x N
 G = 128
@@ -53,11 +50,10 @@ def exact_check(dtype, transpose):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--variants", action="store_true", help="also time the tuning variants (fp16)")
     ap.add_argument("--quick", action="store_true", help="first shape only")
     ap.add_argument("--min-sets", type=int, default=4, help="input sets per graph replay (at least; 4x L2 rule)")
     a = ap.parse_args()
-    ext = kernels.load()
+    kernels.load()
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     copies = [copy_bandwidth(method="memcpy"), copy_bandwidth(method="kernel")]
@@ -68,23 +64,14 @@ def main() -> int:
     shapes = SHAPES[:1] if a.quick else SHAPES
     for K, N in shapes:
         make = make_factory(K, N)
-        cases = [("NK fp16", True, torch.float16, 0), ("KN fp16", False, torch.float16, 0),
-                 ("NK fp16 16-col tile", True, torch.float16, 0x20000),
-                 ("NK fp16 32-col tile", True, torch.float16, 0x40000)]
-        if a.variants:
-            cases += [(f"NK fp16 band{b}", True, torch.float16, b) for b in (1, 2, 8, 16, 4096)]
-            cases += [("NK fp16 band4 plain-st", True, torch.float16, 0x10000 | 4),
-                      ("KN fp16 plain-st", False, torch.float16, 0x10000)]
+        cases = [("NK fp16", True, torch.float16), ("KN fp16", False, torch.float16)]
         if (K, N) == (8192, 8192):
-            cases += [("NK bf16", True, torch.bfloat16, 0), ("NK fp32", True, torch.float32, 0),
-                      ("KN bf16", False, torch.bfloat16, 0)]
+            cases += [("NK bf16", True, torch.bfloat16), ("NK fp32", True, torch.float32),
+                      ("KN bf16", False, torch.bfloat16)]
         if (K, N) == (8192, 28672):
-            cases += [("NK bf16", True, torch.bfloat16, 0)]
-        for label, transpose, dtype, variant in cases:
-            if variant:
-                fn = lambda qw, qz, s, t=transpose, v=variant, d=dtype: ext._dequantize_awq_variant(qw, qz, s, d, t, v)  # noqa: E731
-            else:
-                fn = lambda qw, qz, s, t=transpose, d=dtype: kernels.dequantize_awq(qw, qz, s, dtype=d, transpose=t)  # noqa: E731
+            cases += [("NK bf16", True, torch.bfloat16)]
+        for label, transpose, dtype in cases:
+            fn = lambda qw, qz, s, t=transpose, d=dtype: kernels.dequantize_awq(qw, qz, s, dtype=d, transpose=t)  # noqa: E731
             nbytes = bytes_moved(K, N, torch.empty(0, dtype=dtype).element_size())
             t = measure(fn, make, nbytes, exact_check(dtype, transpose), name=f"{K}x{N} {label}", copy=copy,
                         min_sets=a.min_sets)

@@ -3,7 +3,7 @@
 over rotating input sets > 4x L2; median of 30 replays). Every kernel's output is checked against
 a float64 reference before it is timed.
 
-    python3 kernels/bench_gemv.py [--out DIR] [--m 1,2,4,8] [--quick] [--splits]
+    PYTHONPATH=. python3 dev/bench_gemv.py [--out DIR] [--m 1,2,4,8] [--quick] [--splits]
 
 Bytes per call (what the table's GB/s and % of copy use):
     w4:   K*N/2 (int4) + (K/G)*N*2 (scales) + (K/G)*N/2 (zeros) + M*K*2 (x) + M*N*2 (y)
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from w4cli import kernels, timing  # noqa: E402
+from w4cli import kernels, timing
+from w4cli.formats import w4_gemv
+from w4cli.tolerance import gemv_bound
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 G = 128
@@ -53,16 +53,12 @@ def w4_inputs(m: int, k: int, n: int):
 
 
 def w4_check(k: int, n: int):
-    from w4cli.formats import w4_gemv
-
     def check(out, args):
         x, qweight, qzeros, scales = args
         meta = torch.tensor([1, k, n, G], dtype=torch.int32)
         w = w4_gemv.dequantize(qweight, qzeros, scales, meta, torch.float16).double()
         ref = x.double() @ w.t()
-        mag = x.double().abs() @ w.abs().t()
-        bound = 2.0**-10 * ref.abs() + 4 * k * 2.0**-24 * mag + 2.0**-24
-        return bool(((out.double() - ref).abs() <= bound).all())
+        return bool(((out.double() - ref).abs() <= gemv_bound(x, w, ref)).all())
 
     return check
 
@@ -118,9 +114,7 @@ def main() -> int:
     ap.add_argument("--m", default="1,2,4,8")
     ap.add_argument("--quick", action="store_true", help="first three shapes only")
     ap.add_argument("--splits", action="store_true", help="also sweep the split-K setting at M=1")
-    ap.add_argument("--variants", default="", help="comma list of kernel variants to time at M=1 and M=8")
-    ap.add_argument("--no-peers", action="store_true", help="skip fp16 cuBLAS and torch int4 (and the w4 table rows)")
-    ap.add_argument("--variant-m", default="1,8", help="M values for --variants")
+    ap.add_argument("--no-peers", action="store_true", help="skip the table (fp16 cuBLAS, torch int4, w4); with --splits")
     args = ap.parse_args()
     ms = [int(v) for v in args.m.split(",")]
     out_dir = Path(args.out)
@@ -162,21 +156,10 @@ def main() -> int:
                          w4.pct_of_copy if w4 else float("nan")))
             r = rows[-1]
             print(f"{k}x{n} M={m}: fp16 {r[3]:.2f} int4 {r[4]:.2f} w4 {r[5]:.2f} us ({r[7]:.1f}% copy)", flush=True)
-        for var in [int(v) for v in args.variants.split(",") if v]:
-            for m in [int(v) for v in args.variant_m.split(",")]:
-                act = m * k * 2 + m * n * 2
-                try:
-                    t = timing.measure(lambda x, q, z, s, var=var: kernels.gemv(x, q, z, s, variant=var),
-                                       w4_inputs(m, k, n), k * n // 2 + groups * n * 5 // 2 + act,
-                                       w4_check(k, n), name=f"w4 {k}x{n} M={m} variant={var}", copy=copy)
-                    print("  " + t.row(), flush=True)
-                    records.append({"shape": [k, n], "m": m, "variant": var, **t.__dict__})
-                except Exception as exc:  # noqa: BLE001
-                    print(f"  variant={var}: {type(exc).__name__}: {exc}", flush=True)
         if args.splits and 1 in ms:
             for sp in (1, 2, 4, 8, 16):
                 try:
-                    t = timing.measure(lambda x, q, z, s, sp=sp: kernels.gemv(x, q, z, s, splits=sp),
+                    t = timing.measure(lambda x, q, z, s, sp=sp: kernels._gemv_splits(x, q, z, s, splits=sp),
                                        w4_inputs(1, k, n), k * n // 2 + groups * n * 5 // 2 + 2 * k + 2 * n,
                                        w4_check(k, n), name=f"w4 {k}x{n} M=1 splits={sp}", copy=copy)
                     print("  " + t.row(), flush=True)

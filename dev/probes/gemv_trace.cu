@@ -1,5 +1,5 @@
 // gemv_trace.cu: a standalone probe (not built into w4): where the GEMV's time goes in one launch.
-// Answers docs/kernels.md ## GEMV steps 41 and 44.
+// Answers dev/LOG.md, GEMV, steps 41 and 44.
 //
 // Builds kernels/gemv_w4a16.cu with W4_GEMV_TRACE defined, so the default (pipelined) kernel
 // records per warp the global timer (ns, common to all SMs, coarse) and its SM's cycle counter
@@ -18,9 +18,10 @@
 //   times between consecutive launches, the spread of each warp's mean over the launches against
 //   the spread within one, and the mean ring time by k-range position in the tile
 // Build and run on a GPU machine (from the repository root):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels kernels/probes/gemv_trace.cu -o /tmp/gt && /tmp/gt
+//   mkdir -p build && nvcc -O3 -std=c++17 -arch=sm_90 -I kernels dev/probes/gemv_trace.cu -o build/gemv_trace
+//   build/gemv_trace
 #define W4_GEMV_TRACE 8192
-#include "../gemv_w4a16.cu"
+#include "gemv_w4a16.cu"  // kernels/, through -I kernels
 
 #include <algorithm>
 #include <cmath>
@@ -94,7 +95,7 @@ int main() {
     for (int it = 0; it < launches + 2; ++it) {
       CK(cudaMemset(trace_ptr(), 0, sizeof(unsigned long long) * W4_GEMV_TRACE * slots));
       read_flush<<<1056, 256>>>(flush, flush_bytes / 16, sink);
-      CK(w4::launch_gemv_w4a16(x, q, z, s, nullptr, y, M, K, N, G, 0, 0, nullptr));
+      CK(w4::launch_gemv_w4a16(x, q, z, s, nullptr, y, M, K, N, G, 0, nullptr));
       CK(cudaDeviceSynchronize());
       std::vector<unsigned long long> t((size_t)W4_GEMV_TRACE * slots);
       CK(cudaMemcpy(t.data(), trace_ptr(), t.size() * 8, cudaMemcpyDeviceToHost));

@@ -1,6 +1,6 @@
 // balance.cu: a standalone probe (not built into w4): would handing out the GEMV's work at run
 // time, grid-wide, let its read pattern reach more of the copy rate on the 29-34 MB shapes?
-// Answers docs/kernels.md ## GEMV steps 43 and 44.
+// Answers dev/LOG.md, GEMV, steps 43 and 44.
 //
 // Step 41 found that the default kernel ends with its slowest warps, 2.6-2.8 us after the median
 // warp issued its last load, and that warps of one SM leave their rings 1.3-2.3 us apart. Before
@@ -29,11 +29,12 @@
 //   queue     one 16-warp block per SM (2112 warps), F static units each, the rest from the queue
 // Timing: CUDA graph over rotating sets (> 4x the 50 MiB L2 per round), 40 replays, median; % of
 // a 512 MiB copy by an SM kernel timed the same way (the bytes counted are the weights alone).
-// `/tmp/bal rotate` times only the static split, plain and with each unit's k-blocks walked from
+// `balance rotate` times only the static split, plain and with each unit's k-blocks walked from
 // a rotated start ((j + u R) mod P, R = 1, 3, 5), so that warps running in step read different
 // offsets of their tiles (step 44).
 // Build and run on a GPU machine (from the repository root):
-//   nvcc -O3 -std=c++17 -arch=sm_90 kernels/probes/balance.cu -o /tmp/bal && /tmp/bal [rotate]
+//   mkdir -p build && nvcc -O3 -std=c++17 -arch=sm_90 -I kernels dev/probes/balance.cu -o build/balance
+//   build/balance [rotate]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -43,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "../gemv_w4a16.cu"
+#include "gemv_w4a16.cu"  // kernels/, through -I kernels
 #include "probe.cuh"
 
 struct Geo {

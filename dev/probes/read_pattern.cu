@@ -1,5 +1,5 @@
 // read_pattern.cu: a standalone probe (not built into w4): how fast can the GEMV's weight access
-// pattern read DRAM when the arithmetic is taken away? Answers docs/kernels.md ## GEMV step 18.
+// pattern read DRAM when the arithmetic is taken away? Answers dev/LOG.md, GEMV, step 18.
 //
 // Reads 122 MB (the int4 weights of an 8192x28672 layer) from 4 rotating buffers (> 4x L2), each
 // 16-byte load `ld.global.nc.L1::no_allocate` with an L2 evict-first policy as in the kernel, and
@@ -16,13 +16,15 @@
 // not change the read rate.
 // Launch: one block of S warps per 16-row tile (1792 tiles), as the kernel. Timing: CUDA graph of
 // 8 launches, 40 replays, median, GB/s of the bytes read.
-// Build and run on a GPU machine: nvcc -O3 -std=c++17 -arch=sm_90 read_pattern.cu -o rp && ./rp
+// Build and run on a GPU machine (from the repository root):
+//   mkdir -p build && nvcc -O3 -std=c++17 -arch=sm_90 -I kernels dev/probes/read_pattern.cu -o build/read_pattern
+//   build/read_pattern
 #include <cstdio>
 #include <cstdint>
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
-#include "../gemv_w4a16.cu"
+#include "gemv_w4a16.cu"  // kernels/, through -I kernels
 #include "probe.cuh"
 
 // linear grid-stride read, U independent 16-byte loads in flight per thread
