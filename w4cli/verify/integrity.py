@@ -69,7 +69,7 @@ def _nibbles(model: QuantModel) -> Callable[[], str]:
     def body() -> str:
         if model.scheme.layout != W4_GEMV:
             return "AWQ gemm: every 4-bit pattern is a code 0..15; words are int32 of the right shape"
-        return f"w4-gemv padding codes (k >= K) are all 0 in {check_padding(model)} padded layers; meta agrees with every shape"
+        return f"w4-gemv padding codes (k >= K) are all 0 ({check_padding(model)} layers padded); meta agrees with every shape"
 
     return body
 
