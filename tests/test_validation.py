@@ -177,6 +177,19 @@ def test_finiteness_is_checked_past_the_first_chunk(tmp_path, w4, monkeypatch):
     monkeypatch.setattr(layers, "FINITE_CHUNK", 100)
     ckpt = small_model(seed=5)
     ckpt.plain["model.embed_tokens.weight"][9, 60] = float("nan")  # element 636 of [16, 64]
+    ckpt.plain["model.embed_tokens.weight"][15, 1] = float("inf")  # and 961, two chunks later
     src = ckpt.write(tmp_path / "src")
     detail = every_reader_refuses(w4, tmp_path, src, "plain tensors", "model.embed_tokens.weight", "[9, 60]")
-    assert "1 NaN or inf values" in detail
+    assert "2 NaN or inf values, first nan at [9, 60]" in detail
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_non_finite_values_are_found_in_every_float_dtype(tmp_path, w4, dtype, bad):
+    ckpt = small_model(seed=7)
+    norm = torch.ones(64, dtype=dtype)
+    norm[33] = bad
+    ckpt.plain["model.norm.weight"] = norm
+    src = ckpt.write(tmp_path / "src")
+    line = refusal(w4("dequantize", src, tmp_path / "dense", "--device", "cpu"))
+    assert line == f"model.norm.weight holds 1 NaN or inf value, first {bad!r} at [33]"
