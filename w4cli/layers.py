@@ -1,6 +1,8 @@
 """Split a quantized checkpoint's tensors into quantized linears, activation scales and plain
-tensors, checking every shape against the others and against the quantization config. Both
-layouts w4 reads (AWQ gemm and its own w4-gemv) come through here.
+tensors, checking every shape against the others and against the quantization config, and check
+the values (scales, unquantized tensors, w4-gemv padding). Both layouts w4 reads (AWQ gemm and its
+own w4-gemv) come through here, and this is the one validation: every command that reads a
+quantized checkpoint refuses on it, and `w4 verify MODEL` reports it row by row.
 """
 
 from __future__ import annotations
