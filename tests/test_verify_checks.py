@@ -77,7 +77,8 @@ def test_files_a_conversion_does_not_write_fail_by_name(tmp_path, w4, source, pl
         (out / name).write_bytes(data)
     row = file_set_row(w4, tmp_path, out, source, expect=EXIT_FAILED)
     assert row["status"] == "FAIL"
-    assert f"{len(planted)} files a conversion of SOURCE does not write" in row["detail"]
+    count = f"{len(planted)} file{'s' if len(planted) > 1 else ''}"
+    assert row["detail"].startswith(f"{count} a conversion of SOURCE does not write: ")
     for name in planted:
         assert name in row["detail"]
 
@@ -88,6 +89,14 @@ def test_a_directory_in_the_output_fails_by_name(tmp_path, w4, source):
     (out / "extra").mkdir()
     row = file_set_row(w4, tmp_path, out, source, expect=EXIT_FAILED)
     assert "extra" in row["detail"]
+
+
+def test_a_sharded_output_without_its_index_fails(tmp_path, w4, source):
+    out = tmp_path / "out"
+    assert w4("dequantize", source, out, "--device", "cpu", "--max-shard-size", "4KB").exit_code == 0
+    (out / "model.safetensors.index.json").unlink()
+    row = file_set_row(w4, tmp_path, out, source, expect=EXIT_FAILED)
+    assert row["detail"] == "1 file a conversion writes missing: model.safetensors.index.json"
 
 
 def test_shards_must_be_named_as_the_writer_names_them(tmp_path, w4, source):

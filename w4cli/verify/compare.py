@@ -151,14 +151,14 @@ def _copied_files(output_root: Path, source: QuantModel) -> Callable[[], str]:
     return body
 
 
-def _written_files(source: QuantModel, shard_count: int) -> set[str]:
-    """Every name a conversion of SOURCE writes into OUTPUT_DIR when its tensors fill
-    `shard_count` files: the shards and their index as the writer names them, config.json, and
-    the files it copies. The shard limit is the user's choice, so the count is taken from OUTPUT;
-    planning that many one-byte stand-ins with a one-byte limit gives the writer's names for it."""
+def _written_files(shard_count: int) -> set[str]:
+    """The files a conversion writes itself when its tensors fill `shard_count` files: the shards
+    and their index as the writer names them, and config.json. The shard limit is the user's
+    choice, so the count comes from OUTPUT; planning that many one-byte stand-ins with a one-byte
+    limit gives the writer's names for it."""
     stand_ins = [OutputTensor(str(i), (1,), torch.uint8, lambda: torch.zeros(1, dtype=torch.uint8), 0) for i in range(shard_count)]
     shards = plan_shards(stand_ins, max_shard_size=1)
-    return set(shards.files) | ({INDEX} if shards.index is not None else set()) | {CONFIG} | set(aux_files(source.checkpoint))
+    return set(shards.files) | ({INDEX} if shards.index is not None else set()) | {CONFIG}
 
 
 def _file_set(output_root: Path, output: Checkpoint, source: QuantModel) -> Callable[[], str]:
@@ -166,15 +166,29 @@ def _file_set(output_root: Path, output: Checkpoint, source: QuantModel) -> Call
     loader that trusts it, and a stray weight file can shadow or extend the converted ones."""
 
     def body() -> str:
-        want = _written_files(source, len(output.weight_files))
+        written = _written_files(len(output.weight_files))
+        want = written | set(aux_files(source.checkpoint))
         found = sorted(path.name for path in output_root.iterdir())
         unexpected = [name for name in found if name not in want]
+        missing = sorted(written - set(found))  # a missing copied file is the copied files row's
+        problems = []
         if unexpected:
-            listed = ", ".join(unexpected[:5]) + (", ..." if len(unexpected) > 5 else "")
-            raise Mismatch(f"{len(unexpected)} files a conversion of SOURCE does not write: {listed}")
+            problems.append(f"{_files_count(unexpected)} a conversion of SOURCE does not write: {_listed(unexpected)}")
+        if missing:
+            problems.append(f"{_files_count(missing)} a conversion writes missing: {_listed(missing)}")
+        if problems:
+            raise Mismatch("; ".join(problems))
         return f"{len(found)} files, each one a conversion of SOURCE writes"
 
     return body
+
+
+def _files_count(names: list[str]) -> str:
+    return f"{len(names)} file{'s' if len(names) != 1 else ''}"
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
 COMPARED = {
