@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -183,10 +184,19 @@ def _with_unit(key: str, value: Any) -> tuple[str, str]:
     return key.replace("_", " "), str(value)
 
 
+# without a terminal (CI logs, pipes) a bar cannot redraw: a counted run prints a plain line as each
+# tenth of its steps is done, at most one line this often (and its last step once it printed any),
+# so a quick run prints none
+STEP_LINE_SECONDS = 5.0
+
+
 @contextmanager
 def steps(description: str, total: int | None) -> Iterator[Callable[..., None]]:
     """A counting progress bar on stderr; yields `advance(label="")`: one step done, `label` names
     the next. total None: a count without a bar end."""
+    if not stderr.is_terminal:
+        yield _step_lines(description, total)
+        return
     from rich.progress import MofNCompleteColumn, TimeElapsedColumn
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -194,6 +204,22 @@ def steps(description: str, total: int | None) -> Iterator[Callable[..., None]]:
     with progress:
         task = progress.add_task(description, total=total, label="")
         yield lambda label="": progress.update(task, advance=1, label=label)
+
+
+def _step_lines(description: str, total: int | None) -> Callable[..., None]:
+    start = last = time.monotonic()
+    done = tenths = 0
+
+    def advance(label: str = "") -> None:
+        nonlocal done, tenths, last
+        done += 1
+        now = time.monotonic()
+        reached = done * 10 // total if total else 0
+        if reached > tenths and (now - last >= STEP_LINE_SECONDS or (done == total and tenths > 0)):
+            tenths, last = reached, now
+            note(f"{description}: {done}/{total} after {now - start:.0f} s {label}".rstrip())
+
+    return advance
 
 
 @contextmanager

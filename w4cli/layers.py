@@ -1,6 +1,8 @@
 """Split a quantized checkpoint's tensors into quantized linears, activation scales and plain
-tensors, checking every shape against the others and against the quantization config. Both
-layouts w4 reads (AWQ gemm and its own w4-gemv) come through here.
+tensors, checking every shape against the others and against the quantization config, and check
+the values (scales, unquantized tensors, w4-gemv padding). Both layouts w4 reads (AWQ gemm and its
+own w4-gemv) come through here, and this is the one validation: every command that reads a
+quantized checkpoint refuses on it, and `w4 verify MODEL` reports it row by row.
 """
 
 from __future__ import annotations
@@ -155,8 +157,6 @@ def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
             suffixes = LAYOUT_SUFFIXES[scheme.layout]
             for suffix in suffixes[1:]:
                 _expect(suffix in found, f"{prefix}.qweight has no {prefix}.{suffix}")
-            extra = sorted(set(found) - set(suffixes))
-            _expect(not extra, f"{prefix}.{extra[0] if extra else ''} does not belong to a {scheme.layout} linear")
             bias = tensors.get(f"{prefix}.bias")
             if scheme.layout == W4_GEMV:
                 layer = _check_w4_layer(checkpoint, prefix, found, scheme, bias)
@@ -170,6 +170,8 @@ def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
             extra = sorted(found)[0]
             raise InputRefused(f"{prefix}.{extra} has no {prefix}.qweight: a stray quantization tensor")
     _expect(bool(layers), "no quantized linear (no *.qweight tensor) in the checkpoint")
+    _refuse_foreign(tensors, layers, scheme.layout)
+    _refuse_quantized_skips(layers, scheme)
 
     quant_parts = {layer.bias for layer in layers.values() if layer.bias}
     for layer in layers.values():
@@ -194,6 +196,43 @@ def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
             plain.append(name)
             order.append(("plain", name))
     return QuantModel(checkpoint, scheme, layers, act_scales, plain, order)
+
+
+def _refuse_foreign(tensors: dict[str, TensorInfo], layers: dict[str, QuantLinear], layout: str) -> None:
+    """Under a quantized linear's prefix sits only what its layout defines, and a bias. Anything
+    else (GPTQ's g_idx, an adapter, a tensor of another format) is data w4 does not understand:
+    copying it into the output as a plain tensor would pass it off as part of the model."""
+    allowed = set(LAYOUT_SUFFIXES[layout]) | {"bias"}
+    for name in tensors:
+        owner = name if name in layers else _quantized_owner(name, layers)
+        if owner is None or (_parent(name) == owner and name.rpartition(".")[2] in allowed):
+            continue
+        raise InputRefused(
+            f"{name} is not part of a {layout} linear ({owner} may hold only {', '.join(sorted(allowed))}); "
+            "w4 refuses tensors it does not understand rather than copying them"
+        )
+
+
+def _quantized_owner(name: str, layers: dict[str, QuantLinear]) -> str | None:
+    """The quantized linear `name` sits under at any depth, if any."""
+    parent = _parent(name)
+    while parent:
+        if parent in layers:
+            return parent
+        parent = _parent(parent)
+    return None
+
+
+def _refuse_quantized_skips(layers: dict[str, QuantLinear], scheme: QuantScheme) -> None:
+    """modules_to_not_convert names modules left unquantized: one of them holding a qweight
+    contradicts the config, and a loader that trusts the config would read it as a plain linear.
+    A name matches whole dotted components ("gate" is not "gate_proj"), as a module path does."""
+    for prefix in layers:
+        for module in scheme.modules_to_not_convert:
+            _expect(
+                f".{module}." not in f".{prefix}.",
+                f"{prefix} is quantized but {scheme.source} lists '{module}' in modules_to_not_convert",
+            )
 
 
 def _act_scale_target(info: TensorInfo, layers: dict[str, QuantLinear], tensors: dict[str, TensorInfo]) -> str:
@@ -223,13 +262,81 @@ def _act_scale_target(info: TensorInfo, layers: dict[str, QuantLinear], tensors:
     return candidates[0]
 
 
-def check_values(model: QuantModel) -> None:
-    """Scales must be finite and non-zero: a NaN or 0 scale silently poisons every output."""
-    checkpoint = model.checkpoint
+# elements tested at a time: the temporaries of a 1 GB embedding stay a few MB
+FINITE_CHUNK = 1 << 22
+
+
+def _bad_values(values: torch.Tensor, zero_is_bad: bool) -> str | None:
+    """None if every value is finite (and non-zero when zero_is_bad); else how many are not and
+    the first, with its index. The common all-finite chunk costs one min/max pass (they propagate
+    NaN), many times faster than isfinite on 16-bit floats; only a failing chunk is looked into."""
+    flat = values.reshape(-1)
+    first, count = None, 0
+    for start in range(0, flat.numel(), FINITE_CHUNK):
+        part = flat[start : start + FINITE_CHUNK]
+        low, high = torch.aminmax(part)
+        if bool(torch.isfinite(low) & torch.isfinite(high)) and not (zero_is_bad and bool((part == 0).any())):
+            continue
+        bad = ~torch.isfinite(part)
+        if zero_is_bad:
+            bad |= part == 0
+        count += int(bad.sum())
+        if first is None:
+            first = start + int(bad.nonzero()[0])
+    if first is None:
+        return None
+    where, rest = [], first
+    for dim in reversed(values.shape):
+        where.append(rest % dim)
+        rest //= dim
+    kind = "NaN, inf or zero" if zero_is_bad else "NaN or inf"
+    return f"{count} {kind} value{'s' if count != 1 else ''}, first {flat[first].item()!r} at {where[::-1]}"
+
+
+def check_scales(model: QuantModel) -> int:
+    """Every scale and activation scale finite and non-zero: a NaN or 0 scale silently poisons
+    every output it touches. Returns how many tensors were read."""
     names = [layer.scales for layer in model.layers.values()] + [a.name for a in model.act_scales.values()]
     for name in names:
-        values = checkpoint.read_one(name)
-        bad = ~torch.isfinite(values) | (values == 0)
-        if bool(bad.any()):
-            where = tuple(int(i) for i in bad.nonzero()[0])
-            raise InputRefused(f"{name} has a non-finite or zero value {values[where].item()} at {list(where)}")
+        bad = _bad_values(model.checkpoint.read_one(name), zero_is_bad=True)
+        _expect(bad is None, f"{name} holds {bad}")
+    return len(names)
+
+
+def check_unquantized(model: QuantModel) -> int:
+    """Every unquantized float tensor (plain tensors and biases) finite: a conversion would copy a
+    NaN into the output unnoticed. One tensor in memory at a time. Returns how many were read."""
+    tensors = model.checkpoint.tensors
+    names = [n for n in model.plain + [layer.bias for layer in model.layers.values() if layer.bias] if tensors[n].dtype in FLOAT_CODES]
+    for name in names:
+        bad = _bad_values(model.checkpoint.read_one(name), zero_is_bad=False)
+        _expect(bad is None, f"{name} holds {bad}")
+    return len(names)
+
+
+def check_padding(model: QuantModel) -> int:
+    """w4-gemv pads K up to a whole tile with code 0; a non-zero code there changes no weight, but
+    it is not what `w4 repack` writes, so the file was altered. Only layers with K % 128 != 0 have
+    padding to read. Returns how many such layers were read."""
+    from w4cli.formats import w4_gemv
+
+    if model.scheme.layout != W4_GEMV:
+        return 0
+    padded = [layer for layer in model.layers.values() if layer.in_features % w4_gemv.TILE_K]
+    for layer in padded:
+        qweight = model.checkpoint.read_one(layer.qweight)
+        k = layer.in_features
+        words = qweight.permute(0, 2, 1, 3).reshape(layer.out_features, -1)  # [N, Kp/8], k order
+        padding = words[:, k // w4_gemv.PACK :]
+        if bool((padding != 0).any()):
+            row, word = (int(i) for i in (padding != 0).nonzero()[0])
+            raise InputRefused(f"{layer.qweight}: padding code beyond K={k} is not 0 (row {row}, word {k // w4_gemv.PACK + word})")
+    return len(padded)
+
+
+def check_values(model: QuantModel) -> None:
+    """Every value check: what `w4 verify MODEL` reports row by row, and what every command that
+    reads a quantized checkpoint refuses on."""
+    check_scales(model)
+    check_unquantized(model)
+    check_padding(model)

@@ -3,7 +3,6 @@
     report.py       Check rows, the exit decision, table / JSON / JUnit rendering
     bits.py         raw-bit comparison and the one GEMV error bound
     environment.py  GPU and kernel probe, the environment block of the report
-    progress.py     a counting progress bar on stderr
     selftest.py     `w4 verify`: kernels and references over a fixed shape matrix
     integrity.py    `w4 verify MODEL`: one quantized checkpoint, alone
     compare.py      `w4 verify OUTPUT --against SOURCE`: a conversion against a fresh one

@@ -4,21 +4,20 @@ at most one output tensor and the source layer that produces it are in memory at
 
 Rows: output files; config.json (expected = what the command writes for SOURCE); tensor names
 (same set); tensors (bit for bit; for a repacked OUTPUT the int32 words directly, and both sides
-dequantized to float32, where every (q - z) * s is exact); copied files (byte-identical).
+dequantized to float32, where every (q - z) * s is exact); copied files (byte-identical); file
+set (nothing in OUTPUT that a conversion of SOURCE does not write).
 """
 
 from __future__ import annotations
 
 import filecmp
 from collections.abc import Callable
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from w4cli import hub
-from w4cli.checkpoint import INDEX, Checkpoint, open_checkpoint
+from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
 from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config
 from w4cli.dequantize import plan_tensors as dequantize_plan
 from w4cli.layers import QuantModel
@@ -28,7 +27,7 @@ from w4cli.source import aux_files, open_quantized
 from w4cli.verify.bits import first_difference
 from w4cli.console import steps
 from w4cli.verify.report import Mismatch, Report, run_check
-from w4cli.writer import OutputTensor
+from w4cli.writer import OutputTensor, plan_shards
 
 GROUP = "compare"
 SAFETENSORS_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
@@ -135,7 +134,7 @@ def _both_dequantized(output_root: Path, source: QuantModel, advance: Callable[[
     return body
 
 
-def _copied_files(output_root: Path, source: QuantModel, output_names: set[str]) -> Callable[[], str]:
+def _copied_files(output_root: Path, source: QuantModel) -> Callable[[], str]:
     def body() -> str:
         want = aux_files(source.checkpoint)
         problems = []
@@ -145,17 +144,51 @@ def _copied_files(output_root: Path, source: QuantModel, output_names: set[str])
                 problems.append(f"{name} is missing")
             elif not filecmp.cmp(mine, source.checkpoint.root / name, shallow=False):
                 problems.append(f"{name} differs from SOURCE's")
-        written = {"config.json", INDEX} | output_names
-        for path in sorted(output_root.iterdir()):
-            name = path.name
-            if (path.is_file() and not name.startswith(".") and name not in written and name not in want
-                    and any(fnmatch(name, p) for p in hub.CHECKPOINT_PATTERNS)):
-                problems.append(f"{name} is not in SOURCE")
         if problems:
             raise Mismatch(f"{len(problems)} files; {problems[0]}")
         return f"{len(want)} files byte-identical" + (f" ({', '.join(want)})" if want and len(want) <= 4 else "")
 
     return body
+
+
+def _written_files(shard_count: int) -> set[str]:
+    """The files a conversion writes itself when its tensors fill `shard_count` files: the shards
+    and their index as the writer names them, and config.json. The shard limit is the user's
+    choice, so the count comes from OUTPUT; planning that many one-byte stand-ins with a one-byte
+    limit gives the writer's names for it."""
+    stand_ins = [OutputTensor(str(i), (1,), torch.uint8, lambda: torch.zeros(1, dtype=torch.uint8), 0) for i in range(shard_count)]
+    shards = plan_shards(stand_ins, max_shard_size=1)
+    return set(shards.files) | ({INDEX} if shards.index is not None else set()) | {CONFIG}
+
+
+def _file_set(output_root: Path, output: Checkpoint, source: QuantModel) -> Callable[[], str]:
+    """A conversion writes nothing else: a pickle or a .py file beside the weights runs code in a
+    loader that trusts it, and a stray weight file can shadow or extend the converted ones."""
+
+    def body() -> str:
+        written = _written_files(len(output.weight_files))
+        want = written | set(aux_files(source.checkpoint))
+        found = sorted(path.name for path in output_root.iterdir())
+        unexpected = [name for name in found if name not in want]
+        missing = sorted(written - set(found))  # a missing copied file is the copied files row's
+        problems = []
+        if unexpected:
+            problems.append(f"{_files_count(unexpected)} a conversion of SOURCE does not write: {_listed(unexpected)}")
+        if missing:
+            problems.append(f"{_files_count(missing)} a conversion writes missing: {_listed(missing)}")
+        if problems:
+            raise Mismatch("; ".join(problems))
+        return f"{len(found)} files, each one a conversion of SOURCE writes"
+
+    return body
+
+
+def _files_count(names: list[str]) -> str:
+    return f"{len(names)} file{'s' if len(names) != 1 else ''}"
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
 COMPARED = {
@@ -166,6 +199,7 @@ COMPARED = {
     "repacked words": "every OUTPUT tensor (int32 words, scales, meta) vs a fresh repack of SOURCE; raw bits",
     "dequantized both sides": "OUTPUT and SOURCE dequantized to float32 (exact); raw bits",
     "copied files": "tokenizer / generation files vs SOURCE's, byte for byte",
+    "file set": "OUTPUT's files vs what a conversion writes: shards, index, config.json, copied files",
 }
 
 
@@ -188,7 +222,6 @@ def run(report: Report, output_root: Path, source_root: Path) -> None:
     if run_check(report, "output files", COMPARED["output files"], opened, GROUP).status != "PASS":
         return
     output = found["output"]
-    shards = set(output.weight_files)
 
     if _is_repacked(output):
         report.target["output_kind"] = "repacked (w4-gemv)"
@@ -210,4 +243,5 @@ def run(report: Report, output_root: Path, source_root: Path) -> None:
         run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)
         with steps("w4 verify: tensors", len(plan)) as advance:
             run_check(report, "tensors", COMPARED["tensors"], _tensors(output, plan, f"a fresh {dtype_name} dequantization", advance), GROUP)
-    run_check(report, "copied files", COMPARED["copied files"], _copied_files(output_root, source, shards), GROUP)
+    run_check(report, "copied files", COMPARED["copied files"], _copied_files(output_root, source), GROUP)
+    run_check(report, "file set", COMPARED["file set"], _file_set(output_root, output, source), GROUP)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from w4cli.checkpoint import CONFIG, FLOAT_CODES, Checkpoint, open_checkpoint, read_json
+from w4cli.checkpoint import CONFIG, Checkpoint, open_checkpoint, read_json
 from w4cli.dequantize import awq_tensors, cpu_dequantizer
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
-from w4cli.layers import QuantModel, find_layers
+from w4cli.layers import QuantModel, check_padding, check_scales, check_unquantized, find_layers
 from w4cli.quant_config import W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
 from w4cli.verify.bits import gemv_error, require_identical
 from w4cli.verify.environment import Gpu
@@ -36,16 +36,6 @@ def open_scheme(root: Path) -> QuantScheme:
     return parse_scheme(qc, source)
 
 
-def _first_bad(values: torch.Tensor, zero_is_bad: bool) -> str | None:
-    bad = ~torch.isfinite(values.float())
-    if zero_is_bad:
-        bad |= values == 0
-    if not bool(bad.any()):
-        return None
-    where = tuple(int(i) for i in bad.nonzero()[0])
-    return f"{int(bad.sum())} bad values, first {values[where].item()!r} at {list(where)}"
-
-
 def _files(root: Path, found: dict) -> Callable[[], str]:
     def body() -> str:
         checkpoint = open_checkpoint(root)
@@ -60,9 +50,6 @@ def _tensors(checkpoint: Checkpoint, scheme: QuantScheme, found: dict) -> Callab
     def body() -> str:
         model = find_layers(checkpoint, scheme)
         found["model"] = model
-        skipped = [p for p in model.layers if any(p == m or p.startswith(m + ".") or f".{m}." in f".{p}." for m in scheme.modules_to_not_convert)]
-        if skipped:
-            raise Mismatch(f"{skipped[0]} is quantized but the config lists it in modules_to_not_convert")
         g = "one group" if scheme.group_size == -1 else f"group_size {scheme.group_size}"
         return (f"{len(model.layers)} {scheme.layout} linears, {len(model.plain)} plain tensors, "
                 f"{len(model.act_scales)} activation scales; every shape agrees with {g}; no stray tensors")
@@ -71,46 +58,18 @@ def _tensors(checkpoint: Checkpoint, scheme: QuantScheme, found: dict) -> Callab
 
 
 def _scales(model: QuantModel) -> Callable[[], str]:
-    def body() -> str:
-        names = [layer.scales for layer in model.layers.values()] + [a.name for a in model.act_scales.values()]
-        problems = []
-        for name in names:
-            bad = _first_bad(model.checkpoint.read_one(name), zero_is_bad=True)
-            if bad:
-                problems.append(f"{name}: {bad}")
-        if problems:
-            raise Mismatch(f"{len(problems)} of {len(names)} scale tensors hold NaN, inf or 0; {problems[0]}")
-        return f"{len(names)} scale tensors finite and non-zero"
-
-    return body
+    return lambda: f"{check_scales(model)} scale tensors finite and non-zero"
 
 
 def _plain(model: QuantModel) -> Callable[[], str]:
-    def body() -> str:
-        names = list(model.plain) + [layer.bias for layer in model.layers.values() if layer.bias]
-        floats = [n for n in names if model.checkpoint.tensors[n].dtype in FLOAT_CODES]
-        for name in floats:
-            bad = _first_bad(model.checkpoint.read_one(name), zero_is_bad=False)
-            if bad:
-                raise Mismatch(f"{name}: {bad}")
-        return f"{len(floats)} unquantized float tensors finite"
-
-    return body
+    return lambda: f"{check_unquantized(model)} unquantized float tensors finite"
 
 
 def _nibbles(model: QuantModel) -> Callable[[], str]:
     def body() -> str:
         if model.scheme.layout != W4_GEMV:
             return "AWQ gemm: every 4-bit pattern is a code 0..15; words are int32 of the right shape"
-        for layer in model.layers.values():
-            qweight = model.checkpoint.read_one(layer.qweight)
-            n, k = layer.out_features, layer.in_features
-            words = qweight.permute(0, 2, 1, 3).reshape(n, -1)  # [N, Kp/8], k order
-            padding = words[:, k // w4_gemv.PACK :]
-            if bool((padding != 0).any()):
-                where = [int(i) for i in (padding != 0).nonzero()[0]]
-                raise Mismatch(f"{layer.qweight}: padding code beyond K={k} is not 0 (row {where[0]}, word {k // 8 + where[1]})")
-        return "w4-gemv padding codes (k >= K) are all 0; meta agrees with every shape"
+        return f"w4-gemv padding codes (k >= K) are all 0 ({check_padding(model)} layers padded); meta agrees with every shape"
 
     return body
 

@@ -88,6 +88,22 @@ def raise_for_outcome(report: Report) -> None:
         raise EnvironmentUnavailable(f"{len(errors)} GPU checks could not run: {errors[0].detail}")
 
 
+FOLDED = {SKIP: "skipped", ERROR: "could not run"}
+
+
+def fold_gpu_rows(checks: list[Check]) -> tuple[list[Check], list[str]]:
+    """GPU checks that did not run all say why in the same words: the table shows the others, and
+    one line per (result, reason) says how many were left out. JSON and JUnit keep every check."""
+    shown, folded = [], {}
+    for c in checks:
+        if c.needs_gpu and c.status in FOLDED:
+            folded.setdefault((c.status, c.detail), []).append(c)
+        else:
+            shown.append(c)
+    lines = [f"{len(rows)} GPU check{'s' if len(rows) != 1 else ''} {FOLDED[status]}: {reason}" for (status, reason), rows in folded.items()]
+    return shown, lines
+
+
 def render_table(report: Report, console) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -99,10 +115,13 @@ def render_table(report: Report, console) -> None:
     table.add_column("compared", overflow="fold")
     table.add_column("result", no_wrap=True)
     table.add_column("detail", overflow="fold")
-    for c in report.checks:
+    shown, folded = fold_gpu_rows(report.checks)
+    for c in shown:
         # Text, not markup: details quote tensor names and [index] lists
         table.add_row(Text(c.name), Text(c.compared), Text(c.status, style=STYLES[c.status]), Text(c.detail))
     console.print(table)
+    for line in folded:
+        console.print(line, markup=False, highlight=False)
 
 
 def to_document(report: Report) -> dict[str, Any]:
