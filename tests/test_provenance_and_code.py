@@ -113,3 +113,47 @@ def test_auto_map_naming_a_file_the_checkpoint_lacks_is_said(tmp_path, w4):
     result = w4("dequantize", src, tmp_path / "out", "--device", "cpu", "--include-code")
     assert result.exit_code == 0, result.stderr
     assert "modeling_tiny.py, which the checkpoint does not hold" in result.stderr
+
+
+def verify_rows(w4, *args) -> tuple[int, dict[str, dict]]:
+    result = w4("verify", *args, "--json", "-")
+    return result.exit_code, {row["name"]: row for row in json.loads(result.stdout)["checks"]}
+
+
+def test_verify_expects_the_code_of_an_output_made_with_include_code(tmp_path, w4):
+    src = custom_code_model(tmp_path)
+    assert w4("dequantize", src, tmp_path / "out", "--device", "cpu", "--include-code").exit_code == 0
+    code, rows = verify_rows(w4, tmp_path / "out", "--against", src)
+    assert code == 0, rows
+    assert rows["provenance"]["status"] == "PASS" and "--include-code" in rows["provenance"]["detail"]
+    (tmp_path / "out" / "modeling_tiny.py").write_text("import os\n")
+    code, rows = verify_rows(w4, tmp_path / "out", "--against", src)
+    assert code == 1 and rows["copied files"]["status"] == "FAIL", rows
+
+
+def test_verify_fails_an_output_made_from_another_revision(tmp_path, w4):
+    files = small_model().write(tmp_path / "files")
+    cache = tmp_path / "hub"
+    made_from = install_hub_cache(cache, REPO, files)
+    assert w4("dequantize", REPO, tmp_path / "out", "--cache-dir", cache, "--device", "cpu").exit_code == 0
+    (files / "notes.png").write_bytes(b"a file w4 neither reads nor copies: only the revision changes")
+    now = install_hub_cache(cache, REPO, files)
+    assert now != made_from
+    code, rows = verify_rows(w4, tmp_path / "out", "--against", REPO, "--cache-dir", cache)
+    assert code == 1
+    assert rows["tensors"]["status"] == "PASS"
+    assert rows["provenance"]["status"] == "FAIL"
+    assert made_from in rows["provenance"]["detail"] and now in rows["provenance"]["detail"]
+
+
+def test_verify_fails_shards_that_disagree_on_their_origin(tmp_path, w4):
+    src = small_model().write(tmp_path / "src")
+    assert w4("dequantize", src, tmp_path / "out", "--device", "cpu", "--max-shard-size", "4kB").exit_code == 0
+    from safetensors.torch import load_file, save_file
+
+    last = sorted((tmp_path / "out").glob("model-*.safetensors"))[-1]
+    with safe_open(last, framework="pt") as handle:
+        metadata = handle.metadata()
+    save_file(load_file(last), last, metadata={**metadata, "w4_source": "somewhere/else"})
+    code, rows = verify_rows(w4, tmp_path / "out", "--against", src)
+    assert code == 1 and rows["provenance"]["status"] == "FAIL", rows

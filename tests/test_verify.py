@@ -170,7 +170,7 @@ def test_good_dequantized_output_passes(tmp_path, w4, source, dtype):
     out = converted(w4, source, tmp_path / "dense", "dequantize", "--dtype", dtype, "--device", "cpu")
     verify(w4, out, "--against", source, "--json", tmp_path / "r.json", expect=0)
     rows = checks(tmp_path / "r.json")
-    assert [r["status"] for r in rows.values()] == ["PASS"] * 6, rows
+    assert [r["status"] for r in rows.values()] == ["PASS"] * 7, rows
     assert json.loads((tmp_path / "r.json").read_text())["target"]["output_kind"] == f"dequantized ({dtype})"
 
 

@@ -71,6 +71,7 @@ class _Shards:
     def __init__(self, root: Path):
         self.root = root
         self.fds: OrderedDict[str, int] = OrderedDict()
+        self.metadata: dict[str, dict[str, str]] = {}  # each file's safetensors __metadata__, as read
         self.identity: dict[str, tuple[int, int, int, int]] = {}
         self._finalizer = weakref.finalize(self, _close_all, self.fds)
 
@@ -113,6 +114,7 @@ class Checkpoint:
 
     def __init__(self, root: Path, config: dict[str, Any], tensors: dict[str, TensorInfo], sharded: bool, shards: _Shards):
         self.root = root
+        self.file_metadata: dict[str, dict[str, str]] = shards.metadata  # each weight file's __metadata__
         self.config = config
         self.tensors = tensors
         self.sharded = sharded
@@ -193,7 +195,8 @@ def _headers(shards: _Shards, file: str) -> dict[str, TensorInfo]:
         document = json.loads(header.decode("utf-8"), object_pairs_hook=_no_duplicates(file))
     except (UnicodeDecodeError, ValueError) as exc:  # already accepted by the library: cannot happen
         raise InputRefused(f"{file} has a header w4 cannot read ({exc})") from None
-    document.pop("__metadata__", None)
+    metadata = document.pop("__metadata__", None)
+    shards.metadata[file] = dict(metadata) if isinstance(metadata, dict) else {}
     if set(document) != set(infos):
         raise InputRefused(f"{file}: its header and the safetensors library disagree on the tensor names")
     tensors = {}

@@ -77,11 +77,13 @@ def verify(
         output = Path(target).expanduser()
         if not output.is_dir():
             raise UsageError(f"OUTPUT '{target}' is not a directory (w4 verify OUTPUT --against SOURCE compares a local output)")
-        source = resolve(against, revision, token, cache_dir)
+        # an OUTPUT made with --include-code holds SOURCE's *.py files: fetch them to compare
+        include_code = compare.made_with_code(compare.recorded_provenance(output))
+        source = resolve(against, revision, token, cache_dir, include_code)
         report = rep.Report(f"w4 verify {target} --against {against}",
                             {"mode": "compare", "output": str(output), "source": against, "source_revision": source.revision},
                             describe(Gpu(None, "not used: the fresh conversion runs on the CPU reference"), None))
-        compare.run(report, output.resolve(), source.path)
+        compare.run(report, output.resolve(), source, include_code)
     elif target is not None:
         from w4cli.source import resolve
         from w4cli.verify import integrity

@@ -5,12 +5,15 @@ at most one output tensor and the source layer that produces it are in memory at
 Rows: output files; config.json (expected = what the command writes for SOURCE); tensor names
 (same set); tensors (bit for bit; for a repacked OUTPUT the int32 words directly, and both sides
 dequantized to float32, where every (q - z) * s is exact); copied files (byte-identical); file
-set (nothing in OUTPUT that a conversion of SOURCE does not write).
+set (nothing in OUTPUT that a conversion of SOURCE does not write; the `*.py` files too when
+OUTPUT records that it was made with --include-code); provenance (what OUTPUT's shards record of
+their origin, consistent across shards and with the revision SOURCE resolves to).
 """
 
 from __future__ import annotations
 
 import filecmp
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,10 @@ from typing import Any
 import torch
 
 from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
+from w4cli import provenance
 from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config
+from w4cli.errors import W4Error
+from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
 from w4cli.layers import QuantModel
 from w4cli.repack import check_repackable, repacked_config
@@ -134,9 +140,46 @@ def _both_dequantized(output_root: Path, source: QuantModel, advance: Callable[[
     return body
 
 
-def _copied_files(output_root: Path, source: QuantModel) -> Callable[[], str]:
+def _shard_records(output: Checkpoint) -> list[dict[str, str]]:
+    return [{k: v for k, v in meta.items() if k.startswith("w4_")} for meta in output.file_metadata.values()]
+
+
+def recorded_provenance(output_root: Path) -> dict[str, str]:
+    """What OUTPUT's shards record of their origin; {} when they record nothing, disagree, or
+    OUTPUT cannot be opened (the rows say which)."""
+    try:
+        output = open_checkpoint(output_root)
+    except W4Error:
+        return {}
+    records = _shard_records(output)
+    output.close()
+    return records[0] if records and all(r == records[0] for r in records) else {}
+
+
+def made_with_code(recorded: dict[str, str]) -> bool:
+    return "--include-code" in shlex.split(recorded.get(provenance.COMMAND, ""))
+
+
+def _provenance(output: Checkpoint, source: Snapshot) -> Callable[[], str]:
     def body() -> str:
-        want = aux_files(source.checkpoint)
+        records = _shard_records(output)
+        if any(r != records[0] for r in records):
+            raise Mismatch("OUTPUT's shards disagree on where they came from")
+        recorded = records[0]
+        if not recorded:
+            return "OUTPUT's shards record no origin (not written by w4, or by an older one); the rows above decide"
+        origin, revision = recorded.get(provenance.SOURCE, ""), recorded.get(provenance.REVISION, "")
+        if source.repo_id is not None and origin == source.repo_id and revision and revision != source.revision:
+            raise Mismatch(f"OUTPUT was made from {origin} at revision {revision}; SOURCE resolves to revision {source.revision}")
+        at = f" at {revision[:12]}" if revision else ""
+        return f"made from {origin}{at} by w4 {recorded.get(provenance.VERSION, '?')}: {recorded.get(provenance.COMMAND, '?')}"
+
+    return body
+
+
+def _copied_files(output_root: Path, source: QuantModel, include_code: bool) -> Callable[[], str]:
+    def body() -> str:
+        want = aux_files(source.checkpoint, include_code)
         problems = []
         for name in want:
             mine = output_root / name
@@ -157,17 +200,17 @@ def _written_files(shard_count: int) -> set[str]:
     choice, so the count comes from OUTPUT; planning that many one-byte stand-ins with a one-byte
     limit gives the writer's names for it."""
     stand_ins = [OutputTensor(str(i), (1,), torch.uint8, lambda: torch.zeros(1, dtype=torch.uint8), 0) for i in range(shard_count)]
-    shards = plan_shards(stand_ins, max_shard_size=1)
+    shards = plan_shards(stand_ins, max_shard_size=1, provenance={})
     return set(shards.files) | ({INDEX} if shards.index is not None else set()) | {CONFIG}
 
 
-def _file_set(output_root: Path, output: Checkpoint, source: QuantModel) -> Callable[[], str]:
+def _file_set(output_root: Path, output: Checkpoint, source: QuantModel, include_code: bool) -> Callable[[], str]:
     """A conversion writes nothing else: a pickle or a .py file beside the weights runs code in a
     loader that trusts it, and a stray weight file can shadow or extend the converted ones."""
 
     def body() -> str:
         written = _written_files(len(output.weight_files))
-        want = written | set(aux_files(source.checkpoint))
+        want = written | set(aux_files(source.checkpoint, include_code))
         found = sorted(path.name for path in output_root.iterdir())
         unexpected = [name for name in found if name not in want]
         missing = sorted(written - set(found))  # a missing copied file is the copied files row's
@@ -200,6 +243,7 @@ COMPARED = {
     "dequantized both sides": "OUTPUT and SOURCE dequantized to float32 (exact); raw bits",
     "copied files": "tokenizer / generation files vs SOURCE's, byte for byte",
     "file set": "OUTPUT's files vs what a conversion writes: shards, index, config.json, copied files",
+    "provenance": "origin recorded in OUTPUT's shards: the same in every shard, SOURCE's revision",
 }
 
 
@@ -210,8 +254,9 @@ def _is_repacked(output: Checkpoint) -> bool:
     return any(name.endswith(".qweight") for name in output.tensors)
 
 
-def run(report: Report, output_root: Path, source_root: Path) -> None:
-    source = open_quantized(source_root)  # InputRefused here: SOURCE refused (exit 4)
+def run(report: Report, output_root: Path, source_snapshot: Snapshot, include_code: bool) -> None:
+    """include_code: OUTPUT records that it was made with --include-code (made_with_code)."""
+    source = open_quantized(source_snapshot.path)  # InputRefused here: SOURCE refused (exit 4)
     found: dict[str, Checkpoint] = {}
 
     def opened() -> str:
@@ -243,5 +288,6 @@ def run(report: Report, output_root: Path, source_root: Path) -> None:
         run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)
         with steps("w4 verify: tensors", len(plan)) as advance:
             run_check(report, "tensors", COMPARED["tensors"], _tensors(output, plan, f"a fresh {dtype_name} dequantization", advance), GROUP)
-    run_check(report, "copied files", COMPARED["copied files"], _copied_files(output_root, source), GROUP)
-    run_check(report, "file set", COMPARED["file set"], _file_set(output_root, output, source), GROUP)
+    run_check(report, "copied files", COMPARED["copied files"], _copied_files(output_root, source, include_code), GROUP)
+    run_check(report, "file set", COMPARED["file set"], _file_set(output_root, output, source, include_code), GROUP)
+    run_check(report, "provenance", COMPARED["provenance"], _provenance(output, source_snapshot), GROUP)
