@@ -13,7 +13,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def read_all(directory):
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+    """Every file's bytes; a shard as (tensor entries, metadata, data bytes) with the metadata's
+    command line left out: it names the device and the output directory, which differ here."""
+    out = {}
+    for path in sorted(directory.iterdir()):
+        data = path.read_bytes()
+        if path.suffix == ".safetensors":
+            length = int.from_bytes(data[:8], "little")
+            header = json.loads(data[8 : 8 + length])
+            metadata = header.pop("__metadata__")
+            assert metadata.pop("w4_command").startswith("w4 dequantize ")
+            out[path.name] = (header, metadata, data[8 + length :])
+        else:
+            out[path.name] = data
+    return out
 
 
 def gpu_and_cpu(tmp_path, w4, src, dtype):
