@@ -28,14 +28,14 @@ from pathlib import Path
 
 from w4cli import signals
 from w4cli.errors import InputRefused, Interrupted, OutputFailed, W4Error
-from w4cli.hub import CHECKPOINT_PATTERNS
+from w4cli.hub import CHECKPOINT_PATTERNS, CODE_PATTERNS
 from w4cli.rename import exchange, rename_noreplace
 
 TEMP_MARK = ".w4tmp-"
 LOCK = "lock"
-# what --force may delete: the files a conversion reads, writes or copies, and the model card and
-# licence files a Hub repo carries
-CHECKPOINT_FILES = [*CHECKPOINT_PATTERNS, "README.md", "LICENSE*", "NOTICE*", "USE_POLICY.md"]
+# what --force may delete: the files a conversion reads, writes or copies (the model card and
+# licence files among them, and the custom code that --include-code copies)
+CHECKPOINT_FILES = [*CHECKPOINT_PATTERNS, *CODE_PATTERNS]
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 SHOWN = 5  # names a refusal lists
 
