@@ -21,15 +21,11 @@ from w4cli.options import (
     TokenOpt,
 )
 
-EXAMPLES = """
-Examples:
-
-  w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bf16
-
-  w4 dequantize ./my-awq-model ./my-model --dtype auto
-
-  w4 dequantize ./my-awq-model ./my-model-fp16 --max-shard-size 2GB --json
-"""
+EXAMPLES = [
+    "w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bf16",
+    "w4 dequantize ./my-awq-model ./my-model --dtype auto",
+    "w4 dequantize ./my-awq-model ./my-model-fp16 --max-shard-size 2GB --json -",
+]
 
 
 @console.boundary
@@ -45,7 +41,7 @@ def dequantize(
     cache_dir: CacheDirOpt = None,
     force: ForceOpt = False,
     include_code: IncludeCodeOpt = False,
-    as_json: JsonOpt = False,
+    json_file: JsonOpt = None,
 ) -> None:
     """Turn an AWQ (gemm) or w4-repacked checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
 
@@ -81,7 +77,4 @@ def dequantize(
         **report.fields(),
         "provenance": origin,
     }
-    console.summary("w4 dequantize", summary, as_json)
-
-
-dequantize.__doc__ = (dequantize.__doc__ or "") + EXAMPLES
+    console.result(summary, json_file, lambda: console.summary_table("w4 dequantize", summary))
