@@ -11,7 +11,7 @@ import pytest
 
 from tests.awq_builder import small_model
 from w4cli import console
-from w4cli.convert import ConversionReport
+from w4cli.writer import ConversionReport
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_REFUSED
 
 FORGED = "o\nerror: all good"

@@ -30,10 +30,9 @@ def repack(
 
     Lossless: dequantizing the output gives bit-for-bit the weights of the input. Other tensors and the tokenizer files are copied unchanged; config.json names the layout, so every w4 command reads the result.
     """
-    from w4cli.convert import write_checkpoint
     from w4cli.repack import check_repackable, plan_tensors, repacked_config
     from w4cli.source import files_to_copy, open_for_conversion
-    from w4cli.writer import parse_size
+    from w4cli.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)
     quantized, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
