@@ -9,7 +9,7 @@ import torch
 
 from tests.awq_builder import Checkpoint, random_layer
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 
 def read_all(directory):

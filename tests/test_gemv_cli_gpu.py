@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from tests.awq_builder import Checkpoint, random_layer
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 
 def test_random_shapes_checked_and_timed(w4):
