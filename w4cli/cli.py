@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
-
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from w4cli import __version__, console
 from w4cli.commands import bench, dequantize, gemv, repack, verify

@@ -1,7 +1,7 @@
 """Where output goes: Rich (tables for people, progress) and JSON (for machines), and the one
 error boundary every command runs inside.
 
-Results go to stdout; progress, messages and errors go to stderr, so `w4 ... --json | jq` works.
+Results go to stdout; progress, messages and errors go to stderr, so `w4 ... --json - | jq` works.
 """
 
 from __future__ import annotations

@@ -100,4 +100,3 @@ def verify(
     if junit is not None:
         rep.write_junit(report, junit)
     rep.raise_for_outcome(report)
-
