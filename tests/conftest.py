@@ -23,3 +23,25 @@ def w4():
         return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu are skipped, saying why, where torch sees no CUDA GPU (`make test-gpu` runs
+    them on the GPU machine)."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """w4cli.kernels with the extension built and loaded: the first GPU test that asks pays the build."""
+    from w4cli import kernels as k
+
+    k.load()
+    return k

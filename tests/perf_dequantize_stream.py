@@ -113,7 +113,7 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json"],
+            [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json", "-"],
             stdout=stdout, stderr=stderr, text=True,
         )
         # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would also count the build child)

@@ -12,7 +12,7 @@ import torch
 
 from w4cli.bench import nbytes
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 
 def test_short_bench_passes_every_check(w4, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.awq_builder import small_model
 from w4cli import console
-from w4cli.convert import ConversionReport
+from w4cli.writer import ConversionReport
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_REFUSED
 
 FORGED = "o\nerror: all good"
@@ -119,11 +119,30 @@ def test_refused_conversion_prints_its_failure_as_json(tmp_path, w4):
     src = small_model().write(tmp_path / "src")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")
-    result = w4("dequantize", src, tmp_path / "out", "--json")
+    result = w4("dequantize", src, tmp_path / "out", "--json", "-")
     assert result.exit_code == EXIT_REFUSED
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and doc["exit_code"] == EXIT_REFUSED and "not empty" in doc["error"]
     assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: ")
+
+
+def test_json_file_holds_the_summary_beside_the_table(tmp_path, w4):
+    src = small_model().write(tmp_path / "src")
+    report_file = tmp_path / "summary.json"
+    result = w4("repack", src, tmp_path / "w4", "--json", report_file)
+    assert result.exit_code == 0, result.stderr
+    assert "layers repacked" in result.stdout and f"wrote {report_file}" in result.stderr
+    assert json.loads(report_file.read_text())["layers_repacked"] == 2
+
+
+def test_refused_conversion_writes_its_failure_to_the_json_file(tmp_path, w4):
+    src = small_model().write(tmp_path / "src")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep").write_text("x")
+    result = w4("repack", src, tmp_path / "out", "--json", tmp_path / "r.json")
+    assert result.exit_code == EXIT_REFUSED and result.stdout == ""
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["command"] == "repack" and doc["exit_code"] == EXIT_REFUSED and "not empty" in doc["error"]
 
 
 def test_interrupted_gemv_reports_the_layers_it_checked(tmp_path, w4, monkeypatch):
@@ -140,7 +159,7 @@ def test_interrupted_gemv_reports_the_layers_it_checked(tmp_path, w4, monkeypatc
         return real(*args)
 
     monkeypatch.setattr(gemv_check, "check_layer", check_then_interrupt)
-    result = w4("gemv", src, "--device", "cpu", "--json")
+    result = w4("gemv", src, "--device", "cpu", "--json", "-")
     assert result.exit_code == EXIT_INTERRUPTED
     doc = json.loads(result.stdout)
     assert doc["exit_code"] == EXIT_INTERRUPTED and doc["error"] == "interrupted"
@@ -178,7 +197,7 @@ def test_a_failed_check_is_reported_once_in_the_commands_own_document(tmp_path, 
         return result
 
     monkeypatch.setattr(gemv_check, "check_layer", failing)
-    result = w4("gemv", src, "--device", "cpu", "--json")
+    result = w4("gemv", src, "--device", "cpu", "--json", "-")
     assert result.exit_code == 1
     doc = json.loads(result.stdout)  # exactly one document: json.loads refuses a second
     assert "layers" in doc and "exit_code" not in doc

@@ -61,6 +61,9 @@ def test_empty_model_or_output_is_refused_not_the_current_directory(tmp_path, w4
 
 
 @pytest.mark.parametrize("command, option", [
+    (["dequantize", "m", "o"], "--json"),
+    (["repack", "m", "o"], "--json"),
+    (["gemv", "--shape", "256x64", "--device", "cpu"], "--json"),
     (["bench", "--shape", "4096x4096"], "--json"),
     (["verify", "--quick"], "--json"),
     (["verify", "--quick"], "--junit"),
@@ -111,8 +114,24 @@ print("ok")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
-def test_json_flag_on_a_usage_error_still_prints_a_document(w4):
-    result = w4("dequantize", "m", "o", "--json", "--dtype", "int8")
+@pytest.mark.parametrize("command", ["dequantize", "repack", "gemv", "bench", "verify"])
+def test_help_ends_with_the_commands_examples(w4, command):
+    import importlib
+
+    result = w4(command, "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert "Examples:" in text
+    for line in importlib.import_module(f"w4cli.commands.{command}").EXAMPLES:
+        assert " ".join(line.split()) in text, line
+
+
+def test_json_without_a_file_is_a_usage_error(w4):
+    assert_usage_error(w4("gemv", "--shape", "256x64", "--json"), "--json", "requires an argument")
+
+
+def test_json_to_stdout_on_a_usage_error_still_prints_a_document(w4):
+    result = w4("dequantize", "m", "o", "--json", "-", "--dtype", "int8")
     assert_usage_error(result, "--dtype")
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and doc["exit_code"] == EXIT_USAGE and "int8" in doc["error"]

@@ -93,7 +93,7 @@ def test_layer_split_across_input_shards_and_sharded_output(tmp_path, w4):
         "model-00003-of-00003.safetensors": [f"{up}.scales", f"{down}.qzeros", "model.norm.weight"],
     }
     src = ckpt.write(tmp_path / "src", shards=shards)
-    result = w4("dequantize", src, tmp_path / "out", "--max-shard-size", "4KB", "--device", "cpu", "--json")
+    result = w4("dequantize", src, tmp_path / "out", "--max-shard-size", "4KB", "--device", "cpu", "--json", "-")
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["layers_dequantized"] == 2
@@ -136,7 +136,7 @@ def test_standard_cache_via_environment_in_a_real_process(tmp_path):
     install_hub_cache(tmp_path / "hub", "org/tiny-awq", src)
     env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "w4cli", "dequantize", "org/tiny-awq", str(tmp_path / "out"), "--device", "cpu", "--json"],
+        [sys.executable, "-m", "w4cli", "dequantize", "org/tiny-awq", str(tmp_path / "out"), "--device", "cpu", "--json", "-"],
         env=env,
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ from tests.awq_builder import Checkpoint, random_layer, small_model
 
 
 def dequantize(w4, src, out, *args):
-    result = w4("dequantize", src, out, "--device", "cpu", "--json", *args)
+    result = w4("dequantize", src, out, "--device", "cpu", "--json", "-", *args)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout), load_file(out / "model.safetensors")
 

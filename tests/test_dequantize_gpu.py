@@ -9,7 +9,7 @@ import torch
 
 from tests.awq_builder import Checkpoint, random_layer
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 
 def read_all(directory):
@@ -30,7 +30,7 @@ def read_all(directory):
 
 
 def gpu_and_cpu(tmp_path, w4, src, dtype):
-    args = ("--dtype", dtype, "--max-shard-size", "1MB", "--json")
+    args = ("--dtype", dtype, "--max-shard-size", "1MB", "--json", "-")
     cpu = w4("dequantize", src, tmp_path / f"cpu-{dtype}", "--device", "cpu", *args)
     gpu = w4("dequantize", src, tmp_path / f"gpu-{dtype}", "--device", "cuda", *args)
     assert cpu.exit_code == 0, cpu.stderr
@@ -64,6 +64,6 @@ def test_one_group_layers_too(tmp_path, w4):
 
 def test_auto_uses_the_gpu(tmp_path, w4):
     src = Checkpoint([random_layer("m.layers.0.mlp.up_proj", 128, 64, 32, seed=3)]).write(tmp_path / "src")
-    result = w4("dequantize", src, tmp_path / "out", "--json")
+    result = w4("dequantize", src, tmp_path / "out", "--json", "-")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["device"] == "cuda"

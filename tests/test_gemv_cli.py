@@ -24,7 +24,7 @@ def test_without_a_gpu_exit_3_in_one_line(w4):
 
 def test_reference_only_on_the_cpu_for_a_checkpoint(tmp_path, w4):
     src = small_model().write(tmp_path / "src")
-    result = w4("gemv", src, "--device", "cpu", "--layer", "*.up_proj", "--json")
+    result = w4("gemv", src, "--device", "cpu", "--layer", "*.up_proj", "--json", "-")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["device"] == "cpu"
@@ -36,7 +36,7 @@ def test_reference_only_on_the_cpu_for_a_checkpoint(tmp_path, w4):
 def test_repacked_checkpoint_is_read_directly(tmp_path, w4):
     src = small_model().write(tmp_path / "src")
     assert w4("repack", src, tmp_path / "w4").exit_code == 0
-    result = w4("gemv", tmp_path / "w4", "--device", "cpu", "--json")
+    result = w4("gemv", tmp_path / "w4", "--device", "cpu", "--json", "-")
     assert result.exit_code == 0
     assert len(json.loads(result.stdout)["layers"]) == 2
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from tests.awq_builder import Checkpoint, random_layer
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 
 def test_random_shapes_checked_and_timed(w4):
-    result = w4("gemv", "--shape", "4096x4096", "--shape", "1024x136", "--batch", "4", "--json")
+    result = w4("gemv", "--shape", "4096x4096", "--shape", "1024x136", "--batch", "4", "--json", "-")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["device"] == "cuda" and doc["copy_gbps"] > 0
@@ -28,7 +27,7 @@ def test_checkpoint_layers_with_bias(tmp_path, w4):
     src = Checkpoint(layers, group_size=128).write(tmp_path / "src")
     assert w4("repack", src, tmp_path / "w4").exit_code == 0
     for model in (src, tmp_path / "w4"):
-        result = w4("gemv", model, "--batch", "3", "--no-time", "--json")
+        result = w4("gemv", model, "--batch", "3", "--no-time", "--json", "-")
         assert result.exit_code == 0, result.stderr
         rows = json.loads(result.stdout)["layers"]
         assert [r["passed"] for r in rows] == [True, True]

@@ -14,17 +14,9 @@ import torch
 from w4cli.formats import w4_gemv
 from w4cli.tolerance import BOUND_TEXT, gemv_bound
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 DEV = "cuda"
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    from w4cli import kernels as k
-
-    k.load()
-    return k
 
 
 def full_range_words(shape, gen) -> torch.Tensor:

@@ -12,20 +12,9 @@ import torch
 from w4cli.formats import awq_gemm
 from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    from w4cli import kernels as k
-
-    k.load()
-    return k
 
 
 def make_layer(K: int, N: int, G: int, seed: int, scale_dtype=torch.float16, device="cuda"):

@@ -27,7 +27,7 @@ def shard_metadata(directory: Path) -> list[dict[str, str]]:
 def test_every_shard_says_where_it_came_from_local(tmp_path, w4):
     src = small_model().write(tmp_path / "src")
     result = w4("dequantize", src, tmp_path / "out", "--device", "cpu", "--dtype", "bf16", "--max-shard-size", "4kB",
-                "--token", "hf_secret_token_value", "--json")
+                "--token", "hf_secret_token_value", "--json", "-")
     assert result.exit_code == 0, result.stderr
     metadata = shard_metadata(tmp_path / "out")
     assert len(metadata) > 1

@@ -18,7 +18,7 @@ from w4cli.verify.bits import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN pa
 def test_repack_then_dequantize_is_bit_identical(tmp_path, w4):
     ckpt = small_model(seed=3, bias=True)
     src = ckpt.write(tmp_path / "src", extra_files={"tokenizer.json": "{}"})
-    result = w4("repack", src, tmp_path / "w4", "--json")
+    result = w4("repack", src, tmp_path / "w4", "--json", "-")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["layers_repacked"] == 2
     config = json.loads((tmp_path / "w4" / "config.json").read_text())

@@ -14,15 +14,7 @@ import torch
 from tests.awq_builder import small_model
 from w4cli.errors import EXIT_FAILED
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    from w4cli import kernels as k
-
-    k.load()
-    return k
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
 
 def run(w4, tmp_path, *args, expect: int) -> dict[str, dict]:

@@ -12,14 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from w4cli import __version__, console
-from w4cli.commands.bench import bench
-from w4cli.commands.dequantize import dequantize
-from w4cli.commands.gemv import gemv
-from w4cli.commands.repack import repack
-from w4cli.commands.verify import verify
+from w4cli.commands import bench, dequantize, gemv, repack, verify
 from w4cli.errors import EXIT_USAGE
 
 
@@ -58,17 +55,11 @@ def _usage_error(exc: Any, args: list[str]) -> int:
 
 
 def _wants_json_on_stdout(command: Any, args: list[str]) -> bool:
-    """Whether the refused command line asked for JSON on stdout: `--json` where it is a flag,
-    `--json -` where it takes FILE. The options were not parsed, so this reads the words."""
-    option = next((p for p in getattr(command, "params", []) if "--json" in getattr(p, "opts", [])), None)
-    if option is None:
+    """Whether the refused command line asked for `--json -`. The options were not parsed, so this
+    reads the words. A FILE gets nothing: it may be the very value that was refused."""
+    if not any("--json" in getattr(p, "opts", []) for p in getattr(command, "params", [])):
         return False
-    for i, word in enumerate(args):
-        if option.is_flag and word == "--json":
-            return True
-        if not option.is_flag and (word == "--json=-" or (word == "--json" and args[i + 1 : i + 2] == ["-"])):
-            return True
-    return False
+    return "--json=-" in args or any(word == "--json" and args[i + 1 : i + 2] == ["-"] for i, word in enumerate(args))
 
 
 app = typer.Typer(
@@ -97,11 +88,16 @@ def _root(
     """int4 (W4A16, AWQ) checkpoints: correct to the bit, as fast as the GPU allows."""
 
 
-app.command("dequantize")(dequantize)
-app.command("repack")(repack)
-app.command("gemv")(gemv)
-app.command("bench")(bench)
-app.command("verify")(verify)
+def _examples(lines: list[str]) -> str:
+    """The end of a command's --help: its module's EXAMPLES, one command line each (no markup)."""
+    return "Examples:\n\n" + "\n\n".join(escape(line) for line in lines)
+
+
+app.command("dequantize", epilog=_examples(dequantize.EXAMPLES))(dequantize.dequantize)
+app.command("repack", epilog=_examples(repack.EXAMPLES))(repack.repack)
+app.command("gemv", epilog=_examples(gemv.EXAMPLES))(gemv.gemv)
+app.command("bench", epilog=_examples(bench.EXAMPLES))(bench.bench)
+app.command("verify", epilog=_examples(verify.EXAMPLES))(verify.verify)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Where output goes: Rich (tables for people, progress) and JSON (for machines), and the one
 error boundary every command runs inside.
 
-Results go to stdout; progress, messages and errors go to stderr, so `w4 ... --json | jq` works.
+Results go to stdout; progress, messages and errors go to stderr, so `w4 ... --json - | jq` works.
 """
 
 from __future__ import annotations
@@ -100,14 +100,6 @@ def emit_json(document: Any, path: str | Path = "-") -> None:
     _run.json_written = True
 
 
-def _json_destination(kwargs: dict[str, Any]) -> str | Path | None:
-    # `--json` is a flag (as_json) in the conversion commands and gemv, and takes FILE (json_file,
-    # '-' for stdout) in bench and verify
-    if kwargs.get("as_json"):
-        return "-"
-    return kwargs.get("json_file")
-
-
 def _emit_failure(command: str, message: str, exit_code: int) -> None:
     """The failure as the one JSON document --json promised, unless the command already wrote its
     own (a check that failed is reported in the command's document, with every result)."""
@@ -130,7 +122,7 @@ def boundary(command: F) -> F:
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         global _run
-        _run = _Run(_json_destination(kwargs))
+        _run = _Run(kwargs.get("json_file"))  # every command's --json FILE (options.JsonOpt)
         try:
             return command(*args, **kwargs)
         except typer.Exit:
@@ -152,12 +144,20 @@ def boundary(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def summary(title: str, fields: dict[str, Any], as_json: bool) -> None:
-    """A command's result: one JSON document, or a two-column table for people, each number with
-    its unit (the JSON keys name the unit instead)."""
-    if as_json:
-        emit_json(fields)
-        return
+def result(document: Any, json_file: Path | None, show: Callable[[], None]) -> None:
+    """A command's result, the same way in every command: `show()` prints it for people on stdout;
+    `--json FILE` also writes `document` to FILE, and `--json -` prints it on stdout instead."""
+    if json_file is None or str(json_file) != "-":
+        show()
+    if json_file is not None:
+        emit_json(document, json_file)
+        if str(json_file) != "-":
+            note(f"wrote {json_file}")
+
+
+def summary_table(title: str, fields: dict[str, Any]) -> None:
+    """A conversion's result for people: a two-column table, each number with its unit (the JSON
+    keys name the unit instead); lists and dicts are left to the JSON document."""
     from rich.table import Table
     from rich.text import Text
 

@@ -80,7 +80,11 @@ IncludeCodeOpt = Annotated[
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Replace an OUTPUT_DIR that holds a checkpoint (atomically, once the new one is complete).")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+JsonOpt = Annotated[
+    Optional[Path],
+    typer.Option("--json", help="Also write the result as one JSON document to FILE ('-': on stdout, instead of the tables).",
+                 show_default=False, metavar="FILE", parser=writable_file),
+]
 MaxShardSizeOpt = Annotated[
     str, typer.Option("--max-shard-size", help="Largest output shard, decimal units as on the Hub (5GB, 500MB).")
 ]

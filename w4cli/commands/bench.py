@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -23,9 +22,14 @@ import typer
 from w4cli import console, hub
 from w4cli.bench import render, shapes
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
-from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt, not_empty, writable_file
+from w4cli.options import CacheDirOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
 
 DEFAULT_BATCHES = "1,2,4,8,16"
+EXAMPLES = [
+    "w4 bench --shape 8192x28672 --batch 1,4,16",
+    "w4 bench Qwen/Qwen2.5-7B-Instruct-AWQ --batch 1,8 --json qwen7b.json",
+    "w4 bench meta-llama/Meta-Llama-3-8B --dry-run",
+]
 
 
 @console.boundary
@@ -42,11 +46,7 @@ def bench(
     batch: Annotated[str, typer.Option("--batch", help="Comma list of batch sizes M (rows of activations).")] = DEFAULT_BATCHES,
     group: Annotated[int, typer.Option("--group", help="Quantization group size along K.")] = 128,
     replays: Annotated[int, typer.Option("--replays", help="Timed CUDA-graph replays per measurement (median reported).")] = 30,
-    json_file: Annotated[
-        Optional[Path],
-        typer.Option("--json", help="Write every number and the environment as JSON to FILE ('-' for stdout).",
-                     show_default=False, metavar="FILE", parser=writable_file),
-    ] = None,
+    json_file: JsonOpt = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown tables (for docs/performance.md) instead of Rich tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the shapes that would be measured and exit; needs no GPU.")] = False,
     revision: RevisionOpt = None,
@@ -56,14 +56,6 @@ def bench(
     """Latency, GB/s and speedup of int4 kernels against fp16 cuBLAS, checked before timed.
 
     For every shape and batch size M: fp16 cuBLAS (F.linear), w4 GEMV, w4 dequantize + fp16 matmul, torch's int4 kernel (_weight_int4pack_mm, where this torch has it); and the dequantize kernel alone. A kernel whose output does not match its reference shows FAIL and no time, and the command exits 1. Method and byte counts: docs/bench.md.
-
-    Examples:
-
-      w4 bench --shape 8192x28672 --batch 1,4,16
-
-      w4 bench Qwen/Qwen2.5-7B-Instruct-AWQ --batch 1,8 --json qwen7b.json
-
-      w4 bench meta-llama/Meta-Llama-3-8B --dry-run
     """
     batches = shapes.parse_batches(batch)
     shapes.check_group(group)
@@ -100,19 +92,13 @@ def bench(
     if not usable:
         raise EnvironmentUnavailable(f"w4 bench needs a CUDA GPU and the w4 kernels: {reason}")
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from w4cli.bench import runner
 
-    progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.description}"), console=console.stderr, transient=True)
-    with progress:
-        task = progress.add_task("", total=runner.steps_for(todo, batches, group))
-        report = runner.run(todo, batches, group, model=model_shapes, replays=replays,
-                            step=lambda label: progress.update(task, advance=1, description=label))
+    with console.steps("bench", runner.steps_for(todo, batches, group)) as advance:
+        report = runner.run(todo, batches, group, model=model_shapes, replays=replays, step=advance)
     report.environment["command"] = _command_line(model, shape or [], batch, group, replays)
 
-    _emit(report, json_file, markdown)
+    console.result(render.to_json(report), json_file, lambda: _show(report, markdown))
     if report.failures:
         first = report.failures[0]
         raise CheckFailed(f"{len(report.failures)} kernel check(s) failed; first: {first.note}")
@@ -136,35 +122,30 @@ def _command_line(model: str | None, shape_args: list[str], batch: str, group: i
     return shlex.join(parts)
 
 
-def _emit(report, json_file: Path | None, markdown: bool) -> None:
-    if json_file is not None:
-        console.emit_json(render.to_json(report), json_file)
-        if str(json_file) != "-":
-            console.note(f"wrote {json_file}")
+def _show(report, markdown: bool) -> None:
     if markdown:
         sys.stdout.write(render.markdown(report))
         sys.stdout.flush()
-    elif json_file is None or str(json_file) != "-":
-        if report.model is not None:
-            console.stdout.print(render.shapes_table(report))
-        console.stdout.print(render.results_table(report))
-        table = render.summary_table(report)
-        if table is not None:
-            console.stdout.print(table)
-        for line in render.notes(report):
-            console.stdout.print(f"note: {line}", markup=False, highlight=False, style="dim")
+        return
+    if report.model is not None:
+        console.stdout.print(render.shapes_table(report))
+    console.stdout.print(render.results_table(report))
+    table = render.summary_table(report)
+    if table is not None:
+        console.stdout.print(table)
+    for line in render.notes(report):
+        console.stdout.print(f"note: {line}", markup=False, highlight=False, style="dim")
 
 
 def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
     from w4cli.bench.results import Report
 
     report = Report({}, 0.0, "", group, batches, todo, [], model_shapes)
-    if json_file is not None:
-        doc = {"shapes": render.to_json(report)["shapes"], "batches": batches, "group_size": group,
-               "notes": render.notes(report)}
-        console.emit_json(doc, json_file)
-        if str(json_file) == "-":
-            return
+    doc = {"shapes": render.to_json(report)["shapes"], "batches": batches, "group_size": group, "notes": render.notes(report)}
+    console.result(doc, json_file, lambda: _show_shapes(report, markdown))
+
+
+def _show_shapes(report, markdown: bool) -> None:
     if markdown:
         sys.stdout.write(render.shapes_markdown(report))
         sys.stdout.flush()

@@ -21,15 +21,11 @@ from w4cli.options import (
     TokenOpt,
 )
 
-EXAMPLES = """
-Examples:
-
-  w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bf16
-
-  w4 dequantize ./my-awq-model ./my-model --dtype auto
-
-  w4 dequantize ./my-awq-model ./my-model-fp16 --max-shard-size 2GB --json
-"""
+EXAMPLES = [
+    "w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bf16",
+    "w4 dequantize ./my-awq-model ./my-model --dtype auto",
+    "w4 dequantize ./my-awq-model ./my-model-fp16 --max-shard-size 2GB --json -",
+]
 
 
 @console.boundary
@@ -45,16 +41,15 @@ def dequantize(
     cache_dir: CacheDirOpt = None,
     force: ForceOpt = False,
     include_code: IncludeCodeOpt = False,
-    as_json: JsonOpt = False,
+    json_file: JsonOpt = None,
 ) -> None:
     """Turn an AWQ (gemm) or w4-repacked checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
 
     Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype and bit-identical to AutoAWQ's reference dequantization. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
-    from w4cli.convert import write_checkpoint
     from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
     from w4cli.source import files_to_copy, open_for_conversion
-    from w4cli.writer import parse_size
+    from w4cli.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)
     awq, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
@@ -81,7 +76,4 @@ def dequantize(
         **report.fields(),
         "provenance": origin,
     }
-    console.summary("w4 dequantize", summary, as_json)
-
-
-dequantize.__doc__ = (dequantize.__doc__ or "") + EXAMPLES
+    console.result(summary, json_file, lambda: console.summary_table("w4 dequantize", summary))

@@ -17,6 +17,11 @@ from w4cli.options import SEED_MAX, CacheDirOpt, Device, DeviceOpt, JsonOpt, Rev
 if TYPE_CHECKING:
     from w4cli.gemv_check import GemvResult
 
+EXAMPLES = [
+    "w4 gemv ./qwen-w4 --layer '*.mlp.*' --batch 4",
+    "w4 gemv --shape 8192x28672 --json gemv.json",
+]
+
 
 def _device(device: Device) -> str:
     if device is Device.cpu:
@@ -118,13 +123,11 @@ def gemv(
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     cache_dir: CacheDirOpt = None,
-    as_json: JsonOpt = False,
+    json_file: JsonOpt = None,
 ) -> None:
     """Run w4's W4A16 GEMV kernel on real layers of a checkpoint (repacked in memory if AWQ) or on a random KxN shape, and check every output against the fp32 reference.
 
     Exit 1 when a layer is outside the tolerance (docs/kernels.md), 3 without a usable GPU unless --device cpu.
-
-    Examples: w4 gemv ./qwen-w4 --layer '*.mlp.*' --batch 4 ; w4 gemv --shape 8192x28672
     """
     if (model is None) == (not shape):
         raise UsageError("give either MODEL or --shape KxN")
@@ -148,10 +151,8 @@ def gemv(
             results.append(check_layer(name, tensors, bias, batch, seed + i, where, time_it, copy))
             checked.append(results[-1].as_dict())
             advance(name)
-    if as_json:
-        console.emit_json({"device": where, "copy_gbps": copy.gbps if copy else None, "layers": [r.as_dict() for r in results]})
-    else:
-        _render(results, where)
+    document = {"device": where, "copy_gbps": copy.gbps if copy else None, "layers": [r.as_dict() for r in results]}
+    console.result(document, json_file, lambda: _render(results, where))
     failed = [r.layer for r in results if r.passed is False]
     if failed:
         raise CheckFailed(f"{len(failed)} of {len(results)} layers outside the tolerance, first: {failed[0]}")

@@ -7,6 +7,11 @@ import typer
 from w4cli import console
 from w4cli.options import CacheDirOpt, ForceOpt, IncludeCodeOpt, JsonOpt, MaxShardSizeOpt, ModelArg, OutputDirArg, RevisionOpt, TokenOpt
 
+EXAMPLES = [
+    "w4 repack Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-w4",
+    "w4 repack ./my-awq-model ./my-model-w4 --max-shard-size 2GB --json repack.json",
+]
+
 
 @console.boundary
 def repack(
@@ -19,18 +24,15 @@ def repack(
     cache_dir: CacheDirOpt = None,
     force: ForceOpt = False,
     include_code: IncludeCodeOpt = False,
-    as_json: JsonOpt = False,
+    json_file: JsonOpt = None,
 ) -> None:
     """Rewrite an AWQ (gemm) checkpoint in w4's GEMV layout (w4-gemv v1): int4 codes packed along K with the [0,2,4,6,1,3,5,7] nibble interleave, tiled for 16-byte loads.
 
     Lossless: dequantizing the output gives bit-for-bit the weights of the input. Other tensors and the tokenizer files are copied unchanged; config.json names the layout, so every w4 command reads the result.
-
-    Example: w4 repack Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-w4
     """
-    from w4cli.convert import write_checkpoint
     from w4cli.repack import check_repackable, plan_tensors, repacked_config
     from w4cli.source import files_to_copy, open_for_conversion
-    from w4cli.writer import parse_size
+    from w4cli.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)
     quantized, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
@@ -54,4 +56,4 @@ def repack(
         **report.fields(),
         "provenance": origin,
     }
-    console.summary("w4 repack", summary, as_json)
+    console.result(summary, json_file, lambda: console.summary_table("w4 repack", summary))

@@ -14,19 +14,14 @@ import typer
 
 from w4cli import console
 from w4cli.errors import UsageError
-from w4cli.options import SEED_MAX, CacheDirOpt, RevisionOpt, TokenOpt, not_empty, writable_file
+from w4cli.options import SEED_MAX, CacheDirOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty, writable_file
 
-EXAMPLES = """
-Examples:
-
-  w4 verify --quick                                   (pre-commit: small shapes)
-
-  w4 verify --require-gpu --junit verify.xml          (CI on a GPU runner)
-
-  w4 verify Qwen/Qwen2.5-7B-Instruct-AWQ --json report.json
-
-  w4 verify ./qwen-fp16 --against Qwen/Qwen2.5-7B-Instruct-AWQ
-"""
+EXAMPLES = [
+    "w4 verify --quick                              # pre-commit: small shapes",
+    "w4 verify --require-gpu --junit verify.xml     # CI on a GPU runner",
+    "w4 verify Qwen/Qwen2.5-7B-Instruct-AWQ --json report.json",
+    "w4 verify ./qwen-fp16 --against Qwen/Qwen2.5-7B-Instruct-AWQ",
+]
 
 TargetArg = Annotated[
     Optional[str],
@@ -42,7 +37,6 @@ QuickOpt = Annotated[bool, typer.Option("--quick", help="Self-test only: a small
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed of every random input; the same seed gives the same report.")]
 RequireGpuOpt = Annotated[bool, typer.Option("--require-gpu", help="Exit 3 instead of skipping when the GPU checks cannot run (no GPU, kernel build failed).")]
 JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one testcase per check) to FILE.", show_default=False, metavar="FILE", parser=writable_file)]
-JsonFileOpt = Annotated[Optional[Path], typer.Option("--json", help="Also write every check and the environment as JSON to FILE ('-': stdout, instead of the table).", show_default=False, metavar="FILE", parser=writable_file)]
 
 
 @console.boundary
@@ -53,7 +47,7 @@ def verify(
     seed: SeedOpt = 0,
     require_gpu: RequireGpuOpt = False,
     junit: JunitOpt = None,
-    json_file: JsonFileOpt = None,
+    json_file: JsonOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     cache_dir: CacheDirOpt = None,
@@ -102,15 +96,7 @@ def verify(
                             describe(gpu, seed))
         selftest.run(report, gpu, seed, quick, require_gpu)
 
-    if json_file is not None and str(json_file) == "-":
-        console.emit_json(rep.to_document(report))
-    else:
-        rep.render_table(report, console.stdout)
-        if json_file is not None:
-            console.emit_json(rep.to_document(report), json_file)
+    console.result(rep.to_document(report), json_file, lambda: rep.render_table(report, console.stdout))
     if junit is not None:
         rep.write_junit(report, junit)
     rep.raise_for_outcome(report)
-
-
-verify.__doc__ = (verify.__doc__ or "") + EXAMPLES
