@@ -157,3 +157,18 @@ def test_verify_fails_shards_that_disagree_on_their_origin(tmp_path, w4):
     save_file(load_file(last), last, metadata={**metadata, "w4_source": "somewhere/else"})
     code, rows = verify_rows(w4, tmp_path / "out", "--against", src)
     assert code == 1 and rows["provenance"]["status"] == "FAIL", rows
+
+
+def test_force_replaces_an_output_made_with_include_code(tmp_path, w4):
+    src = custom_code_model(tmp_path)
+    out = tmp_path / "out"
+    assert w4("dequantize", src, out, "--device", "cpu", "--include-code").exit_code == 0
+    result = w4("dequantize", src, out, "--device", "cpu", "--include-code", "--force")
+    assert result.exit_code == 0, result.stderr
+    # without the record of --include-code, a *.py beside the weights may be someone's work
+    plain = tmp_path / "plain"
+    assert w4("dequantize", src, plain, "--device", "cpu").exit_code == 0
+    (plain / "train.py").write_text("someone's work")
+    result = w4("dequantize", src, plain, "--device", "cpu", "--include-code", "--force")
+    assert result.exit_code == 4 and "would lose train.py" in result.stderr
+    assert (plain / "train.py").read_text() == "someone's work"

@@ -34,8 +34,9 @@ from w4cli.rename import exchange, rename_noreplace
 TEMP_MARK = ".w4tmp-"
 LOCK = "lock"
 # what --force may delete: the files a conversion reads, writes or copies (the model card and
-# licence files among them, and the custom code that --include-code copies)
-CHECKPOINT_FILES = [*CHECKPOINT_PATTERNS, *CODE_PATTERNS]
+# licence files among them); *.py files too when the directory's shards record that w4 wrote it
+# with --include-code (w4cli/provenance.py), else a *.py may be someone's work
+CHECKPOINT_FILES = CHECKPOINT_PATTERNS
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 SHOWN = 5  # names a refusal lists
 
@@ -90,13 +91,20 @@ def files_not_in_a_checkpoint(path: Path) -> list[str]:
     entries = sorted(os.scandir(path), key=lambda entry: entry.name)
     names = {entry.name for entry in entries}
     is_checkpoint = "config.json" in names and any(fnmatchcase(name, "*.safetensors") for name in names)
+    patterns = CHECKPOINT_FILES + (CODE_PATTERNS if is_checkpoint and _written_with_code(path) else [])
     lost = []
     for entry in entries:
         if entry.is_dir(follow_symlinks=False):
             lost.append(f"{entry.name}/")
-        elif not is_checkpoint or not any(fnmatchcase(entry.name, pattern) for pattern in CHECKPOINT_FILES):
+        elif not is_checkpoint or not any(fnmatchcase(entry.name, pattern) for pattern in patterns):
             lost.append(entry.name)
     return lost
+
+
+def _written_with_code(path: Path) -> bool:
+    from w4cli import provenance
+
+    return provenance.made_with_code(provenance.read(path))
 
 
 class OutputDirectory:

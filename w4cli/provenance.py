@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from enum import Enum
+from pathlib import Path
 
 from w4cli import __version__
 from w4cli.hub import Snapshot
@@ -46,3 +47,28 @@ def record(ctx, snapshot: Snapshot) -> dict[str, str]:
         VERSION: __version__,
         COMMAND: command_line(ctx),
     }
+
+
+def read(directory: Path) -> dict[str, str]:
+    """What the checkpoint at `directory` records of its origin: the w4_* metadata its shards agree
+    on; {} when they record nothing, disagree, or the directory is not a checkpoint w4 can open."""
+    from w4cli.checkpoint import open_checkpoint
+    from w4cli.errors import W4Error
+
+    try:
+        checkpoint = open_checkpoint(directory)
+    except W4Error:
+        return {}
+    records = shard_records(checkpoint)
+    checkpoint.close()
+    return records[0] if records and all(r == records[0] for r in records) else {}
+
+
+def shard_records(checkpoint) -> list[dict[str, str]]:
+    """Each weight file's w4_* metadata."""
+    return [{k: v for k, v in meta.items() if k.startswith("w4_")} for meta in checkpoint.file_metadata.values()]
+
+
+def made_with_code(record: dict[str, str]) -> bool:
+    """Whether the recorded command copied the checkpoint's *.py files (--include-code)."""
+    return "--include-code" in shlex.split(record.get(COMMAND, ""))

@@ -66,13 +66,14 @@ def verify(
 
     if against is not None:
         from w4cli.source import resolve
+        from w4cli import provenance
         from w4cli.verify import compare
 
         output = Path(target).expanduser()
         if not output.is_dir():
             raise UsageError(f"OUTPUT '{target}' is not a directory (w4 verify OUTPUT --against SOURCE compares a local output)")
         # an OUTPUT made with --include-code holds SOURCE's *.py files: fetch them to compare
-        include_code = compare.made_with_code(compare.recorded_provenance(output))
+        include_code = provenance.made_with_code(provenance.read(output))
         source = resolve(against, revision, token, cache_dir, include_code)
         report = rep.Report(f"w4 verify {target} --against {against}",
                             {"mode": "compare", "output": str(output), "source": against, "source_revision": source.revision},

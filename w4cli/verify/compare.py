@@ -13,7 +13,6 @@ their origin, consistent across shards and with the revision SOURCE resolves to)
 from __future__ import annotations
 
 import filecmp
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ import torch
 from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
 from w4cli import provenance
 from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config
-from w4cli.errors import W4Error
 from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
 from w4cli.layers import QuantModel
@@ -140,29 +138,9 @@ def _both_dequantized(output_root: Path, source: QuantModel, advance: Callable[[
     return body
 
 
-def _shard_records(output: Checkpoint) -> list[dict[str, str]]:
-    return [{k: v for k, v in meta.items() if k.startswith("w4_")} for meta in output.file_metadata.values()]
-
-
-def recorded_provenance(output_root: Path) -> dict[str, str]:
-    """What OUTPUT's shards record of their origin; {} when they record nothing, disagree, or
-    OUTPUT cannot be opened (the rows say which)."""
-    try:
-        output = open_checkpoint(output_root)
-    except W4Error:
-        return {}
-    records = _shard_records(output)
-    output.close()
-    return records[0] if records and all(r == records[0] for r in records) else {}
-
-
-def made_with_code(recorded: dict[str, str]) -> bool:
-    return "--include-code" in shlex.split(recorded.get(provenance.COMMAND, ""))
-
-
 def _provenance(output: Checkpoint, source: Snapshot) -> Callable[[], str]:
     def body() -> str:
-        records = _shard_records(output)
+        records = provenance.shard_records(output)
         if any(r != records[0] for r in records):
             raise Mismatch("OUTPUT's shards disagree on where they came from")
         recorded = records[0]
