@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from w4cli import kernels
+from w4cli.checks import require_identical
 from w4cli.formats import awq_gemm
 from w4cli.timing import copy_bandwidth, measure
 
@@ -40,9 +41,7 @@ def bytes_moved(K: int, N: int, out_bytes: int) -> int:
 
 def exact_check(dtype, transpose):
     def check(out, args):
-        ref = awq_gemm.dequantize(*args, dtype=dtype, transpose=transpose)
-        v = torch.int32 if dtype == torch.float32 else torch.int16
-        return torch.equal(out.view(v), ref.to(out.device).view(v))
+        require_identical(out, awq_gemm.dequantize(*args, dtype=dtype, transpose=transpose), "dequantize", "kernel", "reference")
 
     return check
 

@@ -290,7 +290,7 @@ def gemv(
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
     M <= 8 is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
     weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
-    Matches w4_gemv.gemv_reference(x, ...) within w4cli.tolerance's bound (G % 128 == 0 applies the
+    Matches w4_gemv.gemv_reference(x, ...) within w4cli.checks' bound (G % 128 == 0 applies the
     scale in fp32 after the mma, skipping the weight's fp16 rounding), bit for bit on exact data.
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
     binding's checks, one readable line) for bad tensors.

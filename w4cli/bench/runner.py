@@ -40,8 +40,8 @@ from w4cli import __version__, kernels, timing
 from w4cli.bench import nbytes
 from w4cli.bench.results import FAIL, SKIPPED, Report, Result
 from w4cli.bench.shapes import ModelShapes, Shape, unsupported_reason
+from w4cli.checks import gemv_errors, require_identical, require_normwise
 from w4cli.errors import CheckFailed, EnvironmentUnavailable
-from w4cli.tolerance import gemv_bound
 from w4cli.formats import awq_gemm, w4_gemv
 
 DEV = "cuda"
@@ -141,15 +141,9 @@ def sets_needed(per_set_bytes: int, l2_bytes: int) -> int:
 # ---- checks ----
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
 def normwise(ref_fn: Callable[[tuple], torch.Tensor], limit: float) -> timing.CheckFn:
     def check(out: torch.Tensor, args: tuple) -> bool:
-        err = _rel_err(out, ref_fn(args))
-        if not err < limit:
-            raise AssertionError(f"normwise relative error {err:.3g} >= {limit}")
+        require_normwise(out, ref_fn(args), limit)
         return True
 
     return check
@@ -158,26 +152,14 @@ def normwise(ref_fn: Callable[[tuple], torch.Tensor], limit: float) -> timing.Ch
 def gemv_check(k: int, meta: torch.Tensor) -> timing.CheckFn:
     def check(out: torch.Tensor, args: tuple) -> bool:
         x, qweight, qzeros, scales = args
-        ref = w4_gemv.gemv_reference(x, qweight, qzeros, scales, meta)  # fp32 [M, N]
-        w = w4_gemv.dequantize(qweight, qzeros, scales, meta, torch.float16)
-        excess = (out.double() - ref.double()).abs() / gemv_bound(x, w, ref)  # w4cli/tolerance.py says why
-        worst = float(excess.max())
-        if not worst <= 1.0:
-            i = int(excess.argmax())
-            row, col = divmod(i, ref.shape[1])
-            raise AssertionError(f"out[{row},{col}]={float(out[row, col]):.6g}, reference {float(ref[row, col]):.6g}: "
-                                 f"{worst:.3g}x the bound")
+        gemv_errors(out, x, w4_gemv.dequantize(qweight, qzeros, scales, meta, torch.float16)).require()
         return True
 
     return check
 
 
 def dequant_check(out: torch.Tensor, args: tuple) -> bool:
-    ref = awq_gemm.dequantize(*args, dtype=torch.float16, transpose=True)
-    # compare bits: torch.equal on fp16 treats +0.0 == -0.0
-    if not torch.equal(out.view(torch.int16), ref.view(torch.int16)):
-        diff = int((out.view(torch.int16) != ref.view(torch.int16)).sum())
-        raise AssertionError(f"{diff} of {out.numel()} values differ from awq_gemm.dequantize in at least one bit")
+    require_identical(out, awq_gemm.dequantize(*args, dtype=torch.float16, transpose=True), "dequantize", "kernel", "reference")
     return True
 
 

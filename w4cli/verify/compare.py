@@ -23,6 +23,7 @@ import torch
 from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
 from w4cli import provenance
 from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config
+from w4cli.checks import Mismatch, first_difference
 from w4cli.errors import W4Error
 from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
@@ -30,9 +31,8 @@ from w4cli.layers import QuantModel
 from w4cli.repack import check_repackable, repacked_config
 from w4cli.repack import plan_tensors as repack_plan
 from w4cli.source import aux_files, open_quantized
-from w4cli.verify.bits import first_difference
 from w4cli.console import steps
-from w4cli.verify.report import Mismatch, Report, run_check
+from w4cli.verify.report import Report, run_check
 from w4cli.writer import OutputTensor, plan_shards
 
 GROUP = "compare"

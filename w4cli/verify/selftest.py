@@ -15,7 +15,7 @@ Per shape (K = in_features, N = out_features, G = group size), with words drawn 
     gpu gemv exact   kernels.gemv, M = 1..8, x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
                      grid: every fp32 sum is exact, so out == fp32 reference rounded once, bit for bit
     gpu gemv random  kernels.gemv, M = 1..8, normal x, real-checkpoint scales: inside the bound of
-                     bits.gemv_error against a float64 reference; two runs bit-identical
+                     w4cli/checks.py against a float64 reference; two runs bit-identical
 
 Shapes the GEMV kernel cannot take (K % 8, G neither a multiple of 32 nor K) get the dequantize
 rows only. The ref rows take each layer in blocks of output channels (BLOCK_WEIGHTS weights, every
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
+from w4cli.checks import Mismatch, gemv_errors, raw_bits, require_identical
 from w4cli.formats import awq_gemm, w4_gemv
-from w4cli.verify.bits import gemv_error, raw_bits, require_identical
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
-from w4cli.verify.report import PASS, Check, Mismatch, Report, run_check, skip
+from w4cli.verify.report import PASS, Check, Report, run_check, skip
 
 GROUP = "selftest"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -325,19 +325,19 @@ def _gpu_gemv_random(kernels, shape: Shape, seed: int) -> Callable[[], str]:
         glayer = {k: v.cuda() for k, v in layer.items()}
         w16 = w4_gemv.dequantize(**glayer, dtype=torch.float16)  # the weights the kernel multiplies
         gx, gb = x.cuda(), bias.cuda()
-        worst = (0.0, 0.0, 0.0, float("inf"))
+        runs = []
         for m in range(1, M_MAX + 1):
             xm = gx[:m].contiguous()
             out = kernels.gemv(xm, **glayer, bias=gb)
             try:
-                metrics = gemv_error(out, xm, w16, gb)
+                runs.append(gemv_errors(out, xm, w16, gb).require())
             except Mismatch as exc:
                 raise Mismatch(f"M={m}: {exc}") from None
             again = kernels.gemv(xm, **glayer, bias=gb)
             require_identical(again, out, f"M={m} second run", "run 2", "run 1")
-            worst = (max(worst[0], metrics[0]), max(worst[1], metrics[1]), max(worst[2], metrics[2]), min(worst[3], metrics[3]))
-        return (f"M=1..{M_MAX} within bound (worst err/bound {worst[0]:.3f}); max|err| {worst[1]:.3g}, "
-                f"mean-rel {worst[2]:.3g}, SQNR {worst[3]:.1f} dB; deterministic")
+        return (f"M=1..{M_MAX} within bound (worst err/bound {max(e.worst_over_bound for e in runs):.3f}); "
+                f"max|err| {max(e.max_abs_err for e in runs):.3g}, mean-rel {max(e.mean_rel_err for e in runs):.3g}, "
+                f"SQNR {min(e.sqnr_db for e in runs):.1f} dB; deterministic")
 
     return body
 
