@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from w4cli import timing
+from w4cli import contract, timing
 from w4cli.bench import nbytes, render, runner, shapes
 from w4cli.checks import Mismatch
 from w4cli.bench.results import FAIL, PASS, SKIPPED, Report, Result, expected_distinct_experts, project
@@ -112,7 +112,7 @@ def test_gpt_neox_and_falcon_fused_qkv():
     qkv = next(lin for lin in falcon7.linears if lin.name == "query_key_value")
     assert (qkv.k, qkv.n) == (4544, 4544 + 2 * 64)
     # K = 4544 is not a multiple of 128: measured in fp16 only, with the reason
-    assert shapes.unsupported_reason(4544, 4672, 128) is not None
+    assert contract.gemv_refusal(4544, 4672, 128) is not None
     falcon40 = shapes.from_config({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
                                    "num_kv_heads": 8, "new_decoder_architecture": True, "num_hidden_layers": 60})
     qkv = next(lin for lin in falcon40.linears if lin.name == "query_key_value")
@@ -310,7 +310,6 @@ def cpu_runner(monkeypatch):
     """runner on the CPU: reference kernels, a harness that checks but does not time."""
     fake = SimpleNamespace(
         load=lambda: None,
-        available=lambda: (True, ""),
         dequantize_awq=lambda qw, qz, s, dtype=torch.float16, transpose=True: awq_gemm.dequantize(qw, qz, s, dtype, transpose),
         gemv=_fake_gemv,
     )
@@ -321,9 +320,9 @@ def cpu_runner(monkeypatch):
     monkeypatch.setattr(runner.timing, "copy_bandwidth", lambda **kw: SimpleNamespace(gbps=1000.0, name="fake copy"))
     monkeypatch.setattr(runner, "environment", lambda: {"gpu": "fake", "sm_count": 1, "l2_bytes": FAKE_L2,
                                                         "memory_bytes": 2**30, "torch": torch.__version__, "cuda": None})
-    import w4cli.commands.bench as bench_cmd
+    import w4cli.kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (True, ""))
+    monkeypatch.setattr(w4cli.kernels, "probe", lambda: (True, ""))
     return fake
 
 
@@ -377,9 +376,9 @@ def test_gemv_check_bound_is_tight_enough():
 
 
 def test_no_gpu_is_exit_3_with_one_line(w4, monkeypatch):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (False, "no CUDA GPU is visible to torch"))
+    monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU is visible to torch"))
     result = w4("bench", "--shape", "4096x4096", "--batch", "1,4")
     assert result.exit_code == EXIT_ENVIRONMENT
     lines = result.stderr.strip().splitlines()
@@ -396,9 +395,9 @@ def test_no_gpu_is_exit_3_with_one_line(w4, monkeypatch):
     ([], "--shape"),
 ])
 def test_usage_errors_are_exit_2_before_the_gpu_check(w4, monkeypatch, args, needle):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (False, "no CUDA GPU"))
+    monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU"))
     result = w4("bench", *args)
     assert result.exit_code == EXIT_USAGE, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and needle in result.stderr

@@ -158,9 +158,9 @@ def test_json_file_gets_the_failure_document(tmp_path, w4):
 
 
 def test_bench_without_a_gpu_still_answers_json(w4, monkeypatch):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (False, "no CUDA GPU is visible to torch"))
+    monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU is visible to torch"))
     result = w4("bench", "--shape", "4096x4096", "--json", "-")
     assert result.exit_code == EXIT_ENVIRONMENT
     assert json.loads(result.stdout)["exit_code"] == EXIT_ENVIRONMENT

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from w4cli import __version__, kernels, timing
 from w4cli.bench import nbytes
 from w4cli.bench.results import FAIL, SKIPPED, Report, Result
-from w4cli.bench.shapes import ModelShapes, Shape, unsupported_reason
+from w4cli.bench.shapes import ModelShapes, Shape
+from w4cli.contract import gemv_refusal
 from w4cli.checks import gemv_errors, require_identical, require_normwise
 from w4cli.errors import CheckFailed, EnvironmentUnavailable
 from w4cli.formats import awq_gemm, w4_gemv
@@ -218,7 +219,7 @@ class Runner:
     def run_shape(self, shape: Shape, seed: int) -> None:
         k, n, group = shape.k, shape.n, self.group
         layer = _Layer(k, n, group, seed)
-        why = unsupported_reason(k, n, group) if shape.quantized else "fp16 layer (not quantized by AWQ)"
+        why = gemv_refusal(k, n, group) if shape.quantized else "fp16 layer (not quantized by AWQ)"
         tiles, int4_why = int4_inner_k_tiles(k, n, group) if why is None else (0, why)
         w4_set = nbytes.w4_weight(k, n, group) if why is None else 0
 
@@ -350,6 +351,6 @@ def steps_for(shapes: list[Shape], batches: list[int], group: int) -> int:
     """How many step() calls run() makes (for a progress bar)."""
     total = 1
     for s in shapes:
-        ok = s.quantized and unsupported_reason(s.k, s.n, group) is None
+        ok = s.quantized and gemv_refusal(s.k, s.n, group) is None
         total += len(batches) * (4 if ok else 1) + (1 if ok else 0)
     return total

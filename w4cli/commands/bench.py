@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from w4cli import console, hub
+from w4cli import console, contract, hub
 from w4cli.bench import render, shapes
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
 from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt, not_empty, writable_file
@@ -74,7 +74,7 @@ def bench(
     extra = []
     for text in shape or []:
         k, n = shapes.parse_shape(text)
-        why = shapes.unsupported_reason(k, n, group)
+        why = contract.gemv_refusal(k, n, group)
         if why:
             raise UsageError(f"--shape {text}: {why}")
         extra.append(shapes.Shape(k, n))
@@ -96,7 +96,9 @@ def bench(
         _dry_run(todo, batches, group, model_shapes, json_file, markdown)
         return
 
-    usable, reason = _kernels_available()
+    from w4cli import kernels
+
+    usable, reason = kernels.probe()
     if not usable:
         raise EnvironmentUnavailable(f"w4 bench needs a CUDA GPU and the w4 kernels: {reason}")
 
@@ -116,12 +118,6 @@ def bench(
     if report.failures:
         first = report.failures[0]
         raise CheckFailed(f"{len(report.failures)} kernel check(s) failed; first: {first.note}")
-
-
-def _kernels_available() -> tuple[bool, str]:
-    from w4cli import kernels
-
-    return kernels.available()
 
 
 def _command_line(model: str | None, shape_args: list[str], batch: str, group: int, replays: int) -> str:

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from w4cli import console
-from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape, unsupported_reason
+from w4cli import console, contract
+from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, InputRefused, UsageError
 from w4cli.options import SEED_MAX, CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
 
@@ -24,10 +24,9 @@ def _device(device: Device) -> str:
         return "cpu"
     from w4cli import kernels
 
-    usable, reason = kernels.available()
+    usable, reason = kernels.probe()
     if not usable:
         raise EnvironmentUnavailable(f"{reason} (pass --device cpu to run the reference alone)")
-    kernels.load()
     return "cuda"
 
 
@@ -59,7 +58,7 @@ def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
 
 def _random_shape(text: str, group_size: int) -> tuple[int, int]:
     k, n = parse_shape(text)
-    why = unsupported_reason(k, n, k if group_size == -1 else group_size)
+    why = contract.gemv_refusal(k, n, k if group_size == -1 else group_size)
     if why:
         raise UsageError(f"--shape {text}: {why}")
     return k, n

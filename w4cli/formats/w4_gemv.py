@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from w4cli.contract import GEMV_DTYPE, gemv_refusal
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 
@@ -152,20 +153,15 @@ def validate(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
     return k, n, g
 
 
-def _check_kernel_shape(k: int, n: int, g: int) -> None:
-    if n % TILE_ROWS:
-        _refuse(f"out_features must be a multiple of 8, got {n}")
-    if k % PACK:
-        _refuse(f"in_features must be a multiple of 8 (16-byte activation rows), got {k}")
-    if g % 32 and g != k:
-        _refuse(f"group size must be a multiple of 32 or the whole row, got {g} with in_features {k}")
+def _check_kernel_shape(k: int, n: int, g: int, scales: str = GEMV_DTYPE) -> None:
+    why = gemv_refusal(k, n, g, scales)
+    if why:
+        _refuse(why)
 
 
 def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> None:
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         _refuse(f"AWQ qweight and qzeros must be int32, got {qweight.dtype} and {qzeros.dtype}")
-    if scales.dtype != torch.float16:
-        _refuse(f"the GEMV kernel takes float16 scales, got {scales.dtype}")
     if qweight.dim() != 2 or qzeros.dim() != 2 or scales.dim() != 2:
         _refuse("AWQ qweight, qzeros and scales must be 2-D")
     k, words = qweight.shape
@@ -176,7 +172,7 @@ def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor)
     if tuple(scales.shape) != (groups, n) or tuple(qzeros.shape) != (groups, words):
         _refuse(f"AWQ shapes disagree: qweight {list(qweight.shape)}, qzeros {list(qzeros.shape)}, "
                 f"scales {list(scales.shape)}")
-    _check_kernel_shape(k, n, k // groups)
+    _check_kernel_shape(k, n, k // groups, str(scales.dtype).removeprefix("torch."))
 
 
 # -> float32 [N, K], exactly (q - z) * s
