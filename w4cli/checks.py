@@ -65,13 +65,15 @@ def first_difference(got: torch.Tensor, want: torch.Tensor, got_label: str = "go
         return f"dtype {str(got.dtype).removeprefix('torch.')}, {want_label} {str(want.dtype).removeprefix('torch.')}"
     if tuple(got.shape) != tuple(want.shape):
         return f"shape {list(got.shape)}, {want_label} {list(want.shape)}"
-    a, b = raw_bits(got.cpu()), raw_bits(want.cpu())
+    if got.device != want.device:
+        got, want = got.cpu(), want.cpu()
+    a, b = raw_bits(got), raw_bits(want)
     if torch.equal(a, b):
         return None
     bad = (a != b).nonzero()
     index = tuple(int(i) for i in bad[0])
     return (f"{bad.shape[0]} of {a.numel()} elements differ; first at {list(index)}: "
-            f"{got_label} {_value(got.cpu(), index)} vs {want_label} {_value(want.cpu(), index)}")
+            f"{got_label} {_value(got, index)} vs {want_label} {_value(want, index)}")
 
 
 def require_identical(got: torch.Tensor, want: torch.Tensor, what: str, got_label: str = "got", want_label: str = "expected") -> None:

@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 
 from w4cli import console, contract, hub
-from w4cli.bench import render, shapes
+from w4cli.bench import shapes
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
 from w4cli.options import CacheDirOpt, RevisionOpt, TokenOpt, not_empty, writable_file
 
@@ -133,6 +133,8 @@ def _command_line(model: str | None, shape_args: list[str], batch: str, group: i
 
 
 def _emit(report, json_file: Path | None, markdown: bool) -> None:
+    from w4cli.bench import render
+
     if json_file is not None:
         console.emit_json(render.to_json(report), json_file)
         if str(json_file) != "-":
@@ -152,6 +154,7 @@ def _emit(report, json_file: Path | None, markdown: bool) -> None:
 
 
 def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
+    from w4cli.bench import render
     from w4cli.bench.results import Report
 
     report = Report({}, 0.0, "", group, batches, todo, [], model_shapes)

@@ -33,7 +33,6 @@ from w4cli.contract import GEMV_DTYPE, gemv_refusal
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 
-LAYOUT = "w4-gemv"
 LAYOUT_VERSION = 1
 
 # nibble i of a word holds k-offset AWQ_ORDER[i] of its 8 consecutive k (same order as AWQ's N)

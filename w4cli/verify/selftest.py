@@ -97,11 +97,10 @@ def _generator(seed: int, shape: Shape, salt: int) -> torch.Generator:
 
 # -> qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N] (random, never 0, 8 extremes)
 def dequant_layer(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = _generator(seed, shape, 1)
-    groups = shape.k // shape.g
-    qweight = awq_gemm.random_words((shape.k, shape.n // 8), gen)
-    qzeros = awq_gemm.random_words((groups, shape.n // 8), gen)
-    scales = (torch.randn(groups, shape.n, generator=gen) * 0.02).to(shape.scale_dtype)
+    def normal(groups: int, n: int, gen: torch.Generator) -> torch.Tensor:
+        return (torch.randn(groups, n, generator=gen) * 0.02).to(shape.scale_dtype)
+
+    qweight, qzeros, scales = awq_gemm.random_layer(shape.k, shape.n, shape.g, _generator(seed, shape, 1), normal)
     scales[scales == 0] = 0.01
     flat = scales.view(-1)
     extremes = torch.tensor(EXTREME_SCALES[: flat.numel()]).to(shape.scale_dtype)
@@ -112,17 +111,15 @@ def dequant_layer(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
 # -> qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N] fp16 of a random layer for
 # the GEMV checks; exact: scales +-2^-6..2^-3, else 2^-9..2^-4 (real AWQ)
 def gemv_awq(shape: Shape, seed: int, exact: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = _generator(seed, shape, 2 if exact else 3)
-    groups = shape.k // shape.g
-    qweight = awq_gemm.random_words((shape.k, shape.n // 8), gen)
-    qzeros = awq_gemm.random_words((groups, shape.n // 8), gen)
-    sign = torch.randint(0, 2, (groups, shape.n), generator=gen) * 2 - 1
-    if exact:
-        expo = torch.randint(-6, -2, (groups, shape.n), generator=gen).float()
-    else:
-        expo = torch.rand(groups, shape.n, generator=gen) * 5 - 9
-    scales = (sign * torch.exp2(expo)).half()
-    return qweight, qzeros, scales
+    def signed_exp2(groups: int, n: int, gen: torch.Generator) -> torch.Tensor:
+        sign = torch.randint(0, 2, (groups, n), generator=gen) * 2 - 1
+        if exact:
+            expo = torch.randint(-6, -2, (groups, n), generator=gen).float()
+        else:
+            expo = torch.rand(groups, n, generator=gen) * 5 - 9
+        return (sign * torch.exp2(expo)).half()
+
+    return awq_gemm.random_layer(shape.k, shape.n, shape.g, _generator(seed, shape, 2 if exact else 3), signed_exp2)
 
 
 # -> x [GEMV_MAX_M, K] fp16 and bias [N] fp16; exact: x in {-1, 0, 1}, bias on a 2^-6 grid
