@@ -14,11 +14,11 @@ Method:
     harness (read + write bytes counted) so `pct_of_copy` compares against a ceiling from the same
     process and run.
 Random inputs (never zeros) are the caller's job: pass a list of argument tuples, or a factory
-`make(i) -> tuple` and let the harness decide how many sets cover 4x L2.
+`make(i) -> tuple` and let the harness decide how many sets cover 4x L2. w4cli/bench/cases.py holds
+them, with each method's check and byte count:
 
     copy = copy_bandwidth()
-    t = measure(kern, make_inputs, bytes_moved=nbytes, check=lambda out, args: torch.equal(out, ref(*args)),
-                name="dequant 8192x8192", copy=copy)
+    t = cases.W4_GEMV_KERNEL.case(cases.Layer(8192, 28672, 128, seed=1), m=1).measure(copy)
     print(t.median_us, t.gbps, t.pct_of_copy)
 """
 

@@ -136,6 +136,8 @@ class Case:
 
 @dataclass(frozen=True)
 class Method:
+    """One way to compute a linear layer's output (or its weight): all a measurement of it needs."""
+
     key: str  # the name in JSON
     label: str  # the name in tables
     bytes_text: str  # the byte count in words (JSON's bytes_definition)
