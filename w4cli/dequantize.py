@@ -144,7 +144,7 @@ def choose_dtype(requested: str, model: QuantModel) -> tuple[str, str]:
     (`torch_dtype` in older files); float16 when neither names one."""
     if requested != "auto":
         return next((name for name, short in OUT_DTYPES.items() if requested in (name, short)), requested), "--dtype"
-    scales = {dtype_name(model.checkpoint.tensors[layer.scales].dtype) for layer in model.layers.values()}
+    scales = {torch_dtype_name(model.checkpoint.tensors[layer.scales].dtype) for layer in model.layers.values()}
     if len(scales) == 1 and next(iter(scales)) in OUT_DTYPES:
         return scales.pop(), "auto: the scales' dtype"
     for key in ("dtype", "torch_dtype"):
@@ -154,7 +154,7 @@ def choose_dtype(requested: str, model: QuantModel) -> tuple[str, str]:
     return "float16", "auto: neither the scales nor config.json name one dtype, so float16"
 
 
-def dtype_name(code: str) -> str:
+def torch_dtype_name(code: str) -> str:
     """A safetensors dtype code as torch names the dtype: F16 -> float16."""
     return str(SAFETENSORS_DTYPES[code]).removeprefix("torch.")
 

@@ -23,7 +23,7 @@ import torch
 from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
 from w4cli import provenance
 from w4cli.checks import Mismatch, first_difference
-from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config, dtype_name
+from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config, torch_dtype_name
 from w4cli.errors import W4Error
 from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
@@ -60,7 +60,7 @@ def _weights_dtype(output: Checkpoint, source: QuantModel) -> str | None:
     for layer in source.layers.values():
         info = output.tensors.get(layer.weight)
         if info is not None:
-            return dtype_name(info.dtype)
+            return torch_dtype_name(info.dtype)
     return None
 
 
