@@ -25,15 +25,14 @@ tests_rc=${PIPESTATUS[0]}
 echo "== bench"
 timeout ${GEMV_BENCH_TIMEOUT:-300} python3 dev/bench_gemv.py --out "$OUT" ${GEMV_BENCH_ARGS:-} 2>&1 | tee "$OUT/gemv_bench.log" | grep -v "^  " | tail -40
 if [ "${GEMV_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-  # one launch of the default kernel (8192x28672, M=1, random data); counters as found
+  # one launch of the default kernel (8192x28672, M=1, the bench's random layer); counters as found
   # (--clock-control none: the clocks are left alone)
   cat > "$OUT/ncu_gemv.py" <<PY
-import torch, w4cli.kernels as k
-x = torch.randn(1, 8192, device='cuda').half()
-q = torch.randint(-2**31, 2**31, (28672 // 8, 64, 8, 16), device='cuda', dtype=torch.int64).int()
-z = torch.randint(-2**31, 2**31, (64, 28672 // 8), device='cuda', dtype=torch.int64).int()
-s = (torch.rand(64, 28672, device='cuda') * 0.01).half()
-k.gemv(x, q, z, s)
+import torch
+from w4cli import kernels
+from w4cli.bench.cases import Layer
+layer = Layer(8192, 28672, 128, seed=1)
+kernels.gemv(layer.x(1, 0), *layer.gemv(0))
 torch.cuda.synchronize()
 PY
   echo "== ncu (8192x28672, M=1)"

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from w4cli import timing
-from w4cli.bench import nbytes, render, runner, shapes
+from w4cli import contract, timing
+from w4cli.bench import cases, render, runner, shapes
+from w4cli.checks import Mismatch
 from w4cli.bench.results import FAIL, PASS, SKIPPED, Report, Result, expected_distinct_experts, project
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_REFUSED, EXIT_USAGE, InputRefused, UsageError
 from w4cli.formats import awq_gemm, w4_gemv
@@ -111,7 +112,7 @@ def test_gpt_neox_and_falcon_fused_qkv():
     qkv = next(lin for lin in falcon7.linears if lin.name == "query_key_value")
     assert (qkv.k, qkv.n) == (4544, 4544 + 2 * 64)
     # K = 4544 is not a multiple of 128: measured in fp16 only, with the reason
-    assert shapes.unsupported_reason(4544, 4672, 128) is not None
+    assert contract.gemv_refusal(4544, 4672, 128) is not None
     falcon40 = shapes.from_config({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
                                    "num_kv_heads": 8, "new_decoder_architecture": True, "num_hidden_layers": 60})
     qkv = next(lin for lin in falcon40.linears if lin.name == "query_key_value")
@@ -161,17 +162,19 @@ def test_parse_shape_and_batches():
 # ---- bytes ----
 
 
+def bytes_moved(method: str, k: int, n: int, m: int, group: int) -> int:
+    return cases.METHODS[method].bytes_moved(k, n, m, group)
+
+
 def test_byte_counts_match_the_anchors():
     # docs: 8192x28672 at M=1: W4 122.102 MB, dequantize 591.790 MB moved, fp16 weight 469.762 MB
-    assert nbytes.bytes_moved(nbytes.W4_GEMV, 8192, 28672, 1, 128) == 122_101_760
-    assert nbytes.bytes_moved(nbytes.W4_DQ_MM, 8192, 28672, 1, 128) == 122_101_760
-    assert nbytes.bytes_moved(nbytes.W4_DEQUANT, 8192, 28672, 1, 128) == 591_790_080
-    assert nbytes.bytes_moved(nbytes.FP16, 8192, 28672, 1, 128) == 469_762_048 + 2 * 8192 + 2 * 28672
-    assert nbytes.bytes_moved(nbytes.TORCH_INT4, 4096, 4096, 16, 128) == 4096 * 4096 // 2 + 32 * 4096 * 4 + 16 * 4096 * 4
+    assert bytes_moved(cases.W4_GEMV, 8192, 28672, 1, 128) == 122_101_760
+    assert bytes_moved(cases.W4_DQ_MM, 8192, 28672, 1, 128) == 122_101_760
+    assert bytes_moved(cases.W4_DEQUANT, 8192, 28672, 1, 128) == 591_790_080
+    assert bytes_moved(cases.FP16, 8192, 28672, 1, 128) == 469_762_048 + 2 * 8192 + 2 * 28672
+    assert bytes_moved(cases.TORCH_INT4, 4096, 4096, 16, 128) == 4096 * 4096 // 2 + 32 * 4096 * 4 + 16 * 4096 * 4
     # the dequantize count does not depend on M
-    assert nbytes.bytes_moved(nbytes.W4_DEQUANT, 4096, 4096, 16, 128) == nbytes.bytes_moved(nbytes.W4_DEQUANT, 4096, 4096, 1, 128)
-    with pytest.raises(ValueError):
-        nbytes.bytes_moved("nope", 1, 1, 1, 1)
+    assert bytes_moved(cases.W4_DEQUANT, 4096, 4096, 16, 128) == bytes_moved(cases.W4_DEQUANT, 4096, 4096, 1, 128)
 
 
 # ---- results, projection, rendering (made-up numbers) ----
@@ -180,7 +183,7 @@ def test_byte_counts_match_the_anchors():
 def fake_result(k, n, m, method, us, status=PASS, note=""):
     if status != PASS:
         return Result(k, n, m, method, status, note)
-    b = nbytes.bytes_moved(method, k, n, m or 1, 128)
+    b = bytes_moved(method, k, n, m or 1, 128)
     gbps = b / (us * 1e-6) / 1e9
     return Result(k, n, m, method, PASS, note, b, us, us * 0.98, us * 1.03, us * 0.97, 0.05, gbps, 100 * gbps / 3000.0,
                   30, 4, 4 * 50 * 2**20, 50 * 2**20)
@@ -193,17 +196,17 @@ def fake_report(model=None, fail=False) -> Report:
     for s in shape_list:
         w = s.k * s.n / 1e6  # us scale ~ size
         for m in batches:
-            results.append(fake_result(s.k, s.n, m, nbytes.FP16, 4.0 * w))
+            results.append(fake_result(s.k, s.n, m, cases.FP16, 4.0 * w))
             if s.quantized:
-                results.append(fake_result(s.k, s.n, m, nbytes.W4_GEMV, 1.25 * w))
-                results.append(fake_result(s.k, s.n, m, nbytes.W4_DQ_MM, 8.0 * w))
-                results.append(fake_result(s.k, s.n, m, nbytes.TORCH_INT4, 2.0 * w if m == 1 else 6.0 * w))
+                results.append(fake_result(s.k, s.n, m, cases.W4_GEMV, 1.25 * w))
+                results.append(fake_result(s.k, s.n, m, cases.W4_DQ_MM, 8.0 * w))
+                results.append(fake_result(s.k, s.n, m, cases.TORCH_INT4, 2.0 * w if m == 1 else 6.0 * w))
         if s.quantized:
-            results.append(fake_result(s.k, s.n, None, nbytes.W4_DEQUANT, 5.0 * w))
+            results.append(fake_result(s.k, s.n, None, cases.W4_DEQUANT, 5.0 * w))
     if fail:
         s = shape_list[0]
-        results = [r if (r.method, r.m) != (nbytes.W4_GEMV, 4) or (r.k, r.n) != (s.k, s.n)
-                   else Result(s.k, s.n, 4, nbytes.W4_GEMV, FAIL, "out[0,3]=1.5, reference 1.25: 2.1x the bound")
+        results = [r if (r.method, r.m) != (cases.W4_GEMV, 4) or (r.k, r.n) != (s.k, s.n)
+                   else Result(s.k, s.n, 4, cases.W4_GEMV, FAIL, "out[0,3]=1.5, reference 1.25: 2.1x the bound")
                    for r in results]
     env = {"gpu": "NVIDIA H200", "sm_count": 132, "l2_bytes": 60 * 2**20, "memory_bytes": 141 * 2**30,
            "torch": "2.11.0+cu130", "cuda": "13.0", "date_utc": "2026-11-21 12:00", "command": "w4 bench --shape 4096x4096"}
@@ -264,8 +267,8 @@ def test_markdown_and_json_from_recorded_numbers():
     assert "| 4096x4096 | 83.89 |" in md  # the dequantize table
     doc = json.loads(json.dumps(render.to_json(report)))
     assert doc["ok"] is True and doc["environment"]["gpu"] == "NVIDIA H200"
-    assert doc["bytes_definition"][nbytes.W4_GEMV].startswith("K*N/2")
-    assert {(r["m"], r["method"]) for r in doc["results"]} == {(m, meth) for m in (1, 4) for meth in nbytes.LAYER_METHODS} | {(None, nbytes.W4_DEQUANT)}
+    assert doc["bytes_definition"][cases.W4_GEMV].startswith("K*N/2")
+    assert {(r["m"], r["method"]) for r in doc["results"]} == {(m, meth) for m in (1, 4) for meth in cases.LAYER_METHODS} | {(None, cases.W4_DEQUANT)}
     assert all(r["status"] == PASS and r["gbps"] > 0 for r in doc["results"])
     assert doc["summary"] == []
 
@@ -307,22 +310,19 @@ def _fake_gemv(x, qweight, qzeros, scales, meta=None, bias=None):
 @pytest.fixture
 def cpu_runner(monkeypatch):
     """runner on the CPU: reference kernels, a harness that checks but does not time."""
+    from w4cli import kernels
+
     fake = SimpleNamespace(
-        load=lambda: None,
-        available=lambda: (True, ""),
         dequantize_awq=lambda qw, qz, s, dtype=torch.float16, transpose=True: awq_gemm.dequantize(qw, qz, s, dtype, transpose),
         gemv=_fake_gemv,
     )
     monkeypatch.setattr(runner, "DEV", "cpu")
-    monkeypatch.setattr(runner, "kernels", fake)
-    monkeypatch.setattr(runner.timing, "measure", fake_measure)
-    monkeypatch.setattr(runner.timing, "l2_cache_bytes", lambda *a: FAKE_L2)
-    monkeypatch.setattr(runner.timing, "copy_bandwidth", lambda **kw: SimpleNamespace(gbps=1000.0, name="fake copy"))
+    monkeypatch.setattr(cases, "kernels", fake)
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda **kw: SimpleNamespace(gbps=1000.0, name="fake copy"))
     monkeypatch.setattr(runner, "environment", lambda: {"gpu": "fake", "sm_count": 1, "l2_bytes": FAKE_L2,
                                                         "memory_bytes": 2**30, "torch": torch.__version__, "cuda": None})
-    import w4cli.commands.bench as bench_cmd
-
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (True, ""))
+    monkeypatch.setattr(kernels, "probe", lambda: (True, ""))
     return fake
 
 
@@ -332,53 +332,47 @@ def test_runner_checks_every_kernel(cpu_runner):
     report = runner.run(todo, [1, 4], 128, step=steps.append)
     by = {(r.k, r.n, r.m, r.method): r for r in report.results}
     for m in (1, 4):
-        for method in (nbytes.FP16, nbytes.W4_GEMV, nbytes.W4_DQ_MM):
+        for method in (cases.FP16, cases.W4_GEMV, cases.W4_DQ_MM):
             assert by[256, 64, m, method].status == PASS, by[256, 64, m, method]
         # this CPU torch cannot pack int4: skipped with why, never FAIL
-        assert by[256, 64, m, nbytes.TORCH_INT4].status in (PASS, SKIPPED)
-        assert by[256, 1000, m, nbytes.FP16].status == PASS
-        assert (256, 1000, m, nbytes.W4_GEMV) not in by  # fp16 layer: cuBLAS only
-    assert by[256, 64, None, nbytes.W4_DEQUANT].status == PASS
+        assert by[256, 64, m, cases.TORCH_INT4].status in (PASS, SKIPPED)
+        assert by[256, 1000, m, cases.FP16].status == PASS
+        assert (256, 1000, m, cases.W4_GEMV) not in by  # fp16 layer: cuBLAS only
+    assert by[256, 64, None, cases.W4_DEQUANT].status == PASS
     assert len(steps) == runner.steps_for(todo, [1, 4], 128)
     assert not report.failures
 
 
 def test_runner_reports_a_wrong_kernel_as_fail(cpu_runner):
-    cpu_runner.gemv = lambda x, qw, qz, s: _fake_gemv(x, qw, qz, s) * 1.01  # 1% off: beyond the bound
+    cpu_runner.gemv = lambda x, qw, qz, s, bias=None: _fake_gemv(x, qw, qz, s) * 1.01  # 1% off: beyond the bound
     cpu_runner.dequantize_awq = lambda qw, qz, s, dtype, transpose: awq_gemm.dequantize(qw, qz, s, dtype, transpose).neg()
     report = runner.run([shapes.Shape(256, 64)], [1], 128)
     by = {(r.m, r.method): r for r in report.results}
-    assert by[1, nbytes.W4_GEMV].status == FAIL and "bound" in by[1, nbytes.W4_GEMV].note
-    assert by[None, nbytes.W4_DEQUANT].status == FAIL and "differ" in by[None, nbytes.W4_DEQUANT].note
-    assert by[1, nbytes.W4_DQ_MM].status == FAIL
-    assert by[1, nbytes.FP16].status == PASS
-    assert by[1, nbytes.W4_GEMV].median_us is None
+    assert by[1, cases.W4_GEMV].status == FAIL and "bound" in by[1, cases.W4_GEMV].note
+    assert by[None, cases.W4_DEQUANT].status == FAIL and "differ" in by[None, cases.W4_DEQUANT].note
+    assert by[1, cases.W4_DQ_MM].status == FAIL
+    assert by[1, cases.FP16].status == PASS
+    assert by[1, cases.W4_GEMV].median_us is None
 
 
 def test_gemv_check_bound_is_tight_enough():
-    # a one-ulp-of-fp16 perturbation passes; a wrong nibble order fails
-    gen = torch.Generator().manual_seed(5)
-    k, n = 512, 64
-    qw = torch.randint(-(2**31), 2**31, (k, n // 8), generator=gen, dtype=torch.int64).to(torch.int32)
-    qz = torch.randint(-(2**31), 2**31, (k // 128, n // 8), generator=gen, dtype=torch.int64).to(torch.int32)
-    s = (torch.rand(k // 128, n, generator=gen) * 0.01 + 0.002).half()
-    t = w4_gemv.repack_from_awq(qw, qz, s)
-    x = torch.randn(2, k, generator=gen).half()
-    check = runner.gemv_check(k, t["meta"])
-    args = (x, t["qweight"], t["qzeros"], t["scales"])
-    good = w4_gemv.gemv_reference(x, *args[1:], t["meta"]).half()
-    assert check(good, args)
-    with pytest.raises(AssertionError):
-        check(good.flip(1), args)
+    # the fp32 reference rounded to fp16 passes; a wrong nibble order fails
+    layer = cases.Layer(512, 64, 128, seed=5, device="cpu")
+    case = cases.W4_GEMV_KERNEL.case(layer, 2)
+    args = case.inputs(0)
+    good = w4_gemv.gemv_reference(args[0], *args[1:4], layer.meta).half()
+    case.check(good, args)
+    with pytest.raises(Mismatch):
+        case.check(good.flip(1), args)
 
 
 # ---- the CLI ----
 
 
 def test_no_gpu_is_exit_3_with_one_line(w4, monkeypatch):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (False, "no CUDA GPU is visible to torch"))
+    monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU is visible to torch"))
     result = w4("bench", "--shape", "4096x4096", "--batch", "1,4")
     assert result.exit_code == EXIT_ENVIRONMENT
     lines = result.stderr.strip().splitlines()
@@ -395,9 +389,9 @@ def test_no_gpu_is_exit_3_with_one_line(w4, monkeypatch):
     ([], "--shape"),
 ])
 def test_usage_errors_are_exit_2_before_the_gpu_check(w4, monkeypatch, args, needle):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (False, "no CUDA GPU"))
+    monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU"))
     result = w4("bench", *args)
     assert result.exit_code == EXIT_USAGE, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and needle in result.stderr
@@ -435,7 +429,7 @@ def test_cli_run_writes_json_and_markdown(w4, tmp_path, cpu_runner):
 
 
 def test_cli_exits_1_when_a_kernel_fails(w4, cpu_runner):
-    cpu_runner.gemv = lambda x, qw, qz, s: torch.zeros(x.shape[0], s.shape[1], dtype=torch.float16)
+    cpu_runner.gemv = lambda x, qw, qz, s, bias=None: torch.zeros(x.shape[0], s.shape[1], dtype=torch.float16)
     result = w4("bench", "--shape", "256x64", "--batch", "1")
     assert result.exit_code == EXIT_FAILED
     assert "FAIL" in result.stdout

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from w4cli.bench import nbytes
+from w4cli.bench import cases
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
@@ -24,12 +24,12 @@ def test_short_bench_passes_every_check(w4, tmp_path):
     assert doc["environment"]["gpu"] == torch.cuda.get_device_name()
     assert doc["copy"]["gbps"] > 100
     rows = {(r["m"], r["method"]): r for r in doc["results"]}
-    expected = {(m, method) for m in (1, 4) for method in nbytes.LAYER_METHODS} | {(None, nbytes.W4_DEQUANT)}
+    expected = {(m, method) for m in (1, 4) for method in cases.LAYER_METHODS} | {(None, cases.W4_DEQUANT)}
     assert set(rows) == expected
     for key, r in rows.items():
-        if key[1] == nbytes.TORCH_INT4 and r["status"] == "skipped":
+        if key[1] == cases.TORCH_INT4 and r["status"] == "skipped":
             continue  # this torch has no usable _weight_int4pack_mm; the note says why
         assert r["status"] == "pass", r
         assert r["median_us"] > 0 and r["gbps"] > 0 and 0 < r["pct_of_copy"] < 200, r
-        assert r["bytes_moved"] == nbytes.bytes_moved(r["method"], 4096, 1024, r["m"] or 1, 128)
+        assert r["bytes_moved"] == cases.METHODS[r["method"]].bytes_moved(4096, 1024, r["m"], 128)
     assert "w4 GEMV" in result.stdout and "fp16 cuBLAS" in result.stdout

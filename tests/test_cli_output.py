@@ -146,10 +146,10 @@ def test_refused_conversion_writes_its_failure_to_the_json_file(tmp_path, w4):
 
 
 def test_interrupted_gemv_reports_the_layers_it_checked(tmp_path, w4, monkeypatch):
-    import w4cli.gemv_check as gemv_check
+    import w4cli.commands.gemv as gemv_cmd
 
     src = small_model().write(tmp_path / "src")
-    real = gemv_check.check_layer
+    real = gemv_cmd._check_layer
     calls = []
 
     def check_then_interrupt(*args):
@@ -158,7 +158,7 @@ def test_interrupted_gemv_reports_the_layers_it_checked(tmp_path, w4, monkeypatc
         calls.append(args[0])
         return real(*args)
 
-    monkeypatch.setattr(gemv_check, "check_layer", check_then_interrupt)
+    monkeypatch.setattr(gemv_cmd, "_check_layer", check_then_interrupt)
     result = w4("gemv", src, "--device", "cpu", "--json", "-")
     assert result.exit_code == EXIT_INTERRUPTED
     doc = json.loads(result.stdout)
@@ -177,26 +177,26 @@ def test_json_file_gets_the_failure_document(tmp_path, w4):
 
 
 def test_bench_without_a_gpu_still_answers_json(w4, monkeypatch):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: (False, "no CUDA GPU is visible to torch"))
+    monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU is visible to torch"))
     result = w4("bench", "--shape", "4096x4096", "--json", "-")
     assert result.exit_code == EXIT_ENVIRONMENT
     assert json.loads(result.stdout)["exit_code"] == EXIT_ENVIRONMENT
 
 
 def test_a_failed_check_is_reported_once_in_the_commands_own_document(tmp_path, w4, monkeypatch):
-    import w4cli.gemv_check as gemv_check
+    import w4cli.commands.gemv as gemv_cmd
 
     src = small_model().write(tmp_path / "src")
-    real = gemv_check.check_layer
+    real = gemv_cmd._check_layer
 
     def failing(*args):
         result = real(*args)
         result.passed = False
         return result
 
-    monkeypatch.setattr(gemv_check, "check_layer", failing)
+    monkeypatch.setattr(gemv_cmd, "_check_layer", failing)
     result = w4("gemv", src, "--device", "cpu", "--json", "-")
     assert result.exit_code == 1
     doc = json.loads(result.stdout)  # exactly one document: json.loads refuses a second

@@ -69,10 +69,10 @@ def test_empty_model_or_output_is_refused_not_the_current_directory(tmp_path, w4
     (["verify", "--quick"], "--junit"),
 ])
 def test_report_files_that_cannot_be_written_are_refused_first(tmp_path, w4, monkeypatch, command, option):
-    import w4cli.commands.bench as bench_cmd
+    from w4cli import kernels
 
     ran = []
-    monkeypatch.setattr(bench_cmd, "_kernels_available", lambda: ran.append("bench") or (False, "no GPU"))
+    monkeypatch.setattr(kernels, "probe", lambda: ran.append("bench") or (False, "no GPU"))
     for path, fragment in [(tmp_path / "missing" / "r.json", "not a directory"), (tmp_path, "is a directory"),
                            ("/dev/full", "No space left")]:
         result = w4(*command, option, path)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from w4cli.formats import w4_gemv
-from w4cli.tolerance import BOUND_TEXT, gemv_bound
+from w4cli.checks import gemv_errors
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
@@ -61,15 +61,10 @@ def assert_exact(out: torch.Tensor, ref32: torch.Tensor) -> None:
 
 
 def assert_close(out: torch.Tensor, x: torch.Tensor, layer, bias=None) -> None:
-    """Inside the bound of w4cli/tolerance.py (its docstring says why), against float64."""
+    """Inside the bound of w4cli/checks.py (its docstring says why), against float64."""
     w = w4_gemv.dequantize(**layer, dtype=torch.float16)  # [N, K], the kernel's exact W16
-    ref = x.double() @ w.double().t()
-    if bias is not None:
-        ref = ref + bias.double()
-    bound = gemv_bound(x, w, ref, bias)
-    err = (out.double() - ref).abs()
-    bad = (err > bound) | ~torch.isfinite(out)
-    assert not bad.any(), f"{int(bad.sum())} outputs outside {BOUND_TEXT}; worst err/bound {(err / bound).max().item():.3g}"
+    errors = gemv_errors(out, x, w, bias)
+    assert errors.passed, f"{errors.outside}; worst err/bound {errors.worst_over_bound:.3g}"
 
 
 # (K, N, G): small odd shapes, tails (N % 16 == 8, K % 128 != 0), one group, G 32/64/128

@@ -36,8 +36,8 @@ def fake_gpu_no_nvcc(monkeypatch):
     monkeypatch.setattr(kernels, "_module", None)
 
 
-def test_available_without_gpu_is_false_with_reason(no_gpu):
-    ok, reason = kernels.available()
+def test_probe_without_gpu_is_false_with_reason(no_gpu):
+    ok, reason = kernels.probe()
     assert ok is False
     assert "CUDA" in reason or "GPU" in reason
 
@@ -50,7 +50,7 @@ def test_load_without_gpu_raises_environment_unavailable(no_gpu):
 
 
 def test_without_nvcc(fake_gpu_no_nvcc):
-    ok, reason = kernels.available()
+    ok, reason = kernels.probe()
     assert ok is False and "nvcc" in reason
     with pytest.raises(EnvironmentUnavailable, match="nvcc"):
         kernels.load()
@@ -61,19 +61,19 @@ def test_old_gpu_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
     monkeypatch.setattr(kernels, "_module", None)
-    ok, reason = kernels.available()
+    ok, reason = kernels.probe()
     assert not ok and "8.0" in reason
     with pytest.raises(EnvironmentUnavailable, match="7.5"):
         kernels.load()
 
 
-def test_available_never_raises(monkeypatch):
+def test_probe_never_raises(monkeypatch):
     def boom():
         raise RuntimeError("driver exploded")
 
     monkeypatch.setattr(torch.cuda, "is_available", boom)
     monkeypatch.setattr(kernels, "_module", None)
-    ok, reason = kernels.available()
+    ok, reason = kernels.probe()
     assert ok is False and "driver exploded" in reason
 
 

@@ -13,6 +13,7 @@ import torch
 from w4cli import console
 from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
 from w4cli.checkpoint import FLOAT_CODES
+from w4cli.contract import OUT_DTYPES
 from w4cli.formats import awq_gemm
 from w4cli.errors import EnvironmentUnavailable
 from w4cli.formats import w4_gemv
@@ -20,9 +21,7 @@ from w4cli.layers import QuantLinear, QuantModel
 from w4cli.quant_config import W4_GEMV
 from w4cli.writer import OutputTensor
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-_SCALE_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
+DTYPES = {name: getattr(torch, name) for name in OUT_DTYPES}  # what --dtype names, as torch dtypes
 
 # (qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N], dtype) -> [N, K] dtype on the CPU;
 # dtype float32 must be the exact product (q - z) * s
@@ -59,16 +58,10 @@ def select_dequantizer(device: str) -> tuple[str, Dequantizer]:
         return "cpu", cpu_dequantizer
     from w4cli import kernels
 
-    usable, reason = kernels.available()
+    usable, reason = kernels.probe()
     if usable:
-        try:
-            kernels.load()
-            return "cuda", _cuda_dequantizer(kernels)
-        except EnvironmentUnavailable as exc:
-            if device == "cuda":
-                raise
-            reason = str(exc)
-    elif device == "cuda":
+        return "cuda", _cuda_dequantizer(kernels)
+    if device == "cuda":
         raise EnvironmentUnavailable(reason)
     console.note(f"note: {reason}; dequantizing with the CPU reference (--device cpu silences this)")
     return "cpu", cpu_dequantizer
@@ -150,15 +143,20 @@ def choose_dtype(requested: str, model: QuantModel) -> tuple[str, str]:
     since AWQ's reference computes (q - z) * s in the scales' dtype; else config.json's `dtype`
     (`torch_dtype` in older files); float16 when neither names one."""
     if requested != "auto":
-        return DTYPE_ALIASES.get(requested, requested), "--dtype"
-    codes = {model.checkpoint.tensors[layer.scales].dtype for layer in model.layers.values()}
-    if len(codes) == 1 and next(iter(codes)) in _SCALE_DTYPES:
-        return _SCALE_DTYPES[codes.pop()], "auto: the scales' dtype"
+        return next((name for name, short in OUT_DTYPES.items() if requested in (name, short)), requested), "--dtype"
+    scales = {torch_dtype_name(model.checkpoint.tensors[layer.scales].dtype) for layer in model.layers.values()}
+    if len(scales) == 1 and next(iter(scales)) in OUT_DTYPES:
+        return scales.pop(), "auto: the scales' dtype"
     for key in ("dtype", "torch_dtype"):
         value = model.checkpoint.config.get(key)
         if isinstance(value, str) and value in DTYPES:
             return value, f"auto: config.json {key}"
     return "float16", "auto: neither the scales nor config.json name one dtype, so float16"
+
+
+def torch_dtype_name(code: str) -> str:
+    """A safetensors dtype code as torch names the dtype: F16 -> float16."""
+    return str(SAFETENSORS_DTYPES[code]).removeprefix("torch.")
 
 
 def dense_config(config: dict[str, Any], dtype_name: str) -> dict[str, Any]:

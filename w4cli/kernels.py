@@ -17,7 +17,10 @@ torch `lock` left behind: nobody else can be building there, because every w4 bu
 
 Failure modes raise `EnvironmentUnavailable` (exit code 3) with one line: no CUDA GPU, a GPU older
 than sm_80, no nvcc (`CUDA_HOME` unknown), no ninja, or a failed build (the compiler's log is written
-to `<build dir>/build.log` and named in the message).
+to `<build dir>/build.log` and named in the message). `probe()` is the one question every command
+asks before a GPU path: can this machine run w4's kernels, and if not, why not.
+
+What the kernels take (shapes, groups, dtypes, rows per launch) is w4cli/contract.py.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 import torch
 
+from w4cli.contract import GEMV_MAX_M, OUT_DTYPES
 from w4cli.errors import EnvironmentUnavailable
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -98,23 +102,17 @@ def _gpu_arch() -> tuple[int, int]:
     return major, minor
 
 
-def available() -> tuple[bool, str]:
-    """(True, "") if the kernels can be built or loaded here, else (False, reason). Never raises, never builds."""
+def probe() -> tuple[bool, str]:
+    """Can this machine run w4's kernels? (True, "") once they are loaded (built on first use, about a
+    minute), else (False, why not, in one line). Never raises: each command decides whether to fall
+    back to the CPU reference or stop."""
     try:
-        from torch.utils import cpp_extension
-
-        if _module is not None:
-            return True, ""
-        _gpu_arch()
-        if _nvcc_path() is None:
-            return False, "nvcc not found (torch.utils.cpp_extension.CUDA_HOME is not set)"
-        if not cpp_extension.is_ninja_available():
-            return False, "ninja not found (torch's JIT build needs it: pip install ninja)"
-        return True, ""
+        load()
     except EnvironmentUnavailable as exc:
         return False, str(exc)
-    except Exception as exc:  # noqa: BLE001 - available() must never raise
+    except Exception as exc:  # noqa: BLE001 - a broken driver is a reason, not a crash
         return False, f"{type(exc).__name__}: {exc}"
+    return True, ""
 
 
 class _BuildLock:
@@ -237,9 +235,6 @@ def _jit_load(name: str, build_dir: Path, cuda_flags: list[str]) -> Any:
     )
 
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16 (all CUDA, contiguous)
 # -> [N, K] (transpose=True, nn.Linear layout) or [K, N]; bit-identical to
 # w4cli.formats.awq_gemm.dequantize(qweight, qzeros, scales, dtype, transpose).
@@ -261,13 +256,12 @@ def dequantize_awq(
     Raises EnvironmentUnavailable when the kernels cannot be built here, and RuntimeError (from the
     binding's checks) for bad tensors.
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype}")
+    if dtype not in [getattr(torch, name) for name in OUT_DTYPES]:
+        raise ValueError(f"dtype must be one of {', '.join(OUT_DTYPES)}, got {dtype}")
     return load().dequantize_awq(qweight, qzeros, scales, dtype, bool(transpose))
 
 
 # ---- gemv (w4 GEMV layout) ----
-GEMV_MAX_M = 8  # rows of x per kernel launch (one mma n8 tile); larger M is split into launches
 
 
 # x [M, K] fp16; qweight [N/8, ceil(K/128), 8, 16] int32; qzeros [K/G, N/8] int32;
@@ -288,9 +282,9 @@ def gemv(
         meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
-    M <= 8 is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
+    M <= GEMV_MAX_M (8) is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
     weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
-    Matches w4_gemv.gemv_reference(x, ...) within w4cli.tolerance's bound (G % 128 == 0 applies the
+    Matches w4_gemv.gemv_reference(x, ...) within w4cli.checks' bound (G % 128 == 0 applies the
     scale in fp32 after the mma, skipping the weight's fp16 rounding), bit for bit on exact data.
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
     binding's checks, one readable line) for bad tensors.

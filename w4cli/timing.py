@@ -14,11 +14,11 @@ Method:
     harness (read + write bytes counted) so `pct_of_copy` compares against a ceiling from the same
     process and run.
 Random inputs (never zeros) are the caller's job: pass a list of argument tuples, or a factory
-`make(i) -> tuple` and let the harness decide how many sets cover 4x L2.
+`make(i) -> tuple` and let the harness decide how many sets cover 4x L2. w4cli/bench/cases.py holds
+them, with each method's check and byte count:
 
     copy = copy_bandwidth()
-    t = measure(kern, make_inputs, bytes_moved=nbytes, check=lambda out, args: torch.equal(out, ref(*args)),
-                name="dequant 8192x8192", copy=copy)
+    t = cases.W4_GEMV_KERNEL.case(cases.Layer(8192, 28672, 128, seed=1), m=1).measure(copy)
     print(t.median_us, t.gbps, t.pct_of_copy)
 """
 
@@ -36,6 +36,7 @@ Args = tuple
 InputSets = Union[Sequence[Args], Callable[[int], Args]]
 CheckFn = Callable[[Any, Args], Union[bool, None]]
 
+L2_MULTIPLE = 4.0  # the rotating input sets total at least this many times the L2 size
 MAX_SETS = 256  # kernel calls per graph replay; a layer too small to reach the L2 multiple even so is timed with MAX_SETS, and Timing.working_set_bytes says so
 
 
@@ -97,7 +98,7 @@ def _run_check(check: CheckFn, out: Any, args: Args, name: str, what: str) -> No
         raise CheckFailed(f"{name}: {what} failed its check; no time reported")
 
 
-def make_input_sets(inputs: InputSets, l2_bytes: int, l2_multiple: float = 4.0, min_sets: int = 2) -> list[Args]:
+def make_input_sets(inputs: InputSets, l2_bytes: int, l2_multiple: float = L2_MULTIPLE, min_sets: int = 2) -> list[Args]:
     """Materialise input sets whose inputs total >= l2_multiple * L2.
 
     A factory is called until that holds (at least `min_sets` times, at most MAX_SETS: a layer so
@@ -133,7 +134,7 @@ def measure(
     warmup: int = 3,
     warmup_ms: float = 25.0,
     replays: int = 30,
-    l2_multiple: float = 4.0,
+    l2_multiple: float = L2_MULTIPLE,
     min_sets: int = 2,
     check_all_sets: bool = False,
 ) -> Timing:

@@ -2,8 +2,9 @@
 
 One job per module:
     shapes.py   linear-layer shapes from a model's config.json, and KxN parsing (pure, CPU)
-    nbytes.py   the bytes each method is credited with, per call (pure; the GB/s definition)
-    results.py  the recorded numbers (dataclasses) and the per-token projection (pure)
-    runner.py   the GPU measurements, through w4cli/timing.py (the only module that needs CUDA)
-    render.py   Rich tables, markdown and JSON from recorded numbers (pure)
+    cases.py    the methods measured, one object each: inputs, run, check, bytes credited per call;
+                also what `w4 gemv --time` and dev/ measure
+    results.py  the recorded numbers (dataclasses) and the per-token projection (no GPU)
+    runner.py   every method on every shape and batch size, through w4cli/timing.py (needs CUDA)
+    render.py   Rich tables, markdown and JSON from recorded numbers (no GPU)
 """

@@ -1,6 +1,6 @@
 """`w4 bench` output from recorded numbers: Rich tables, a markdown table for docs, one JSON document.
 
-Pure (no torch, no GPU): everything here reads a results.Report, so it is tested with made-up numbers.
+No GPU: everything here reads a results.Report, so it is tested with made-up numbers.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from w4cli.bench import nbytes
+from w4cli.bench import cases
 from w4cli.bench.results import FAIL, PASS, SKIPPED, W4_BEST, Report, Result, executions, project, speedup
-from w4cli.bench.shapes import Shape
 
 JSON_VERSION = 1
 _EIGHTHS = "▏▎▍▌▋▊▉"
@@ -45,12 +44,6 @@ def header(report: Report) -> str:
     if e.get("date_utc"):
         parts.append(f"{e['date_utc']} UTC")
     return ", ".join(parts)
-
-
-def _layers_text(shape: Shape) -> str:
-    if not shape.linears:
-        return ""
-    return f"{shape.names} ({shape.per_model}/model)"
 
 
 def _us(r: Result | None) -> str:
@@ -106,11 +99,11 @@ def results_table(report: Report) -> Table:
                      overflow="fold")  # type: ignore[arg-type]
     for shape in report.shapes:
         rows: list[tuple[int | None, Result]] = []
-        dq = report.get(shape.k, shape.n, None, nbytes.W4_DEQUANT)
+        dq = report.get(shape.k, shape.n, None, cases.W4_DEQUANT)
         if dq is not None:
             rows.append((None, dq))
         for m in report.batches:
-            for method in nbytes.LAYER_METHODS:
+            for method in cases.LAYER_METHODS:
                 r = report.get(shape.k, shape.n, m, method)
                 if r is not None:
                     rows.append((m, r))
@@ -120,17 +113,17 @@ def results_table(report: Report) -> Table:
             first_col.append(f"{shape.names}")
             first_col.append(f"{shape.per_model}/model")
         for i, (m, r) in enumerate(rows):
-            fp16 = report.get(shape.k, shape.n, m, nbytes.FP16) if m is not None else None
+            fp16 = report.get(shape.k, shape.n, m, cases.FP16) if m is not None else None
             t.add_row(
                 Text(first_col[i], style="bold" if i == 0 else "dim") if i < len(first_col) else "",
                 ("" if m == last_m else ("-" if m is None else str(m))),
-                nbytes.LABELS[r.method],
+                cases.label(r.method),
                 _check_text(r),
                 _us(r) if r.status != FAIL else "",
                 f"{100 * r.spread:.1f}%" if r.passed and r.spread is not None else "",
                 f"{r.gbps:,.0f}" if r.passed else "",
                 f"{r.pct_of_copy:.0f}%" if r.passed and r.pct_of_copy is not None else "",
-                _speedup_text(fp16, r) if r.method != nbytes.FP16 and m is not None else "",
+                _speedup_text(fp16, r) if r.method != cases.FP16 and m is not None else "",
                 end_section=(i == len(rows) - 1),
             )
             last_m = m
@@ -170,13 +163,13 @@ def summary_table(report: Report) -> Table | None:
     for row in rows:
         t.add_row(
             str(row["m"]),
-            _ms(row[f"{nbytes.FP16}_us"]),
-            _ms(row[f"{nbytes.W4_GEMV}_us"]),
-            _x(row[f"{nbytes.W4_GEMV}_speedup"]),
+            _ms(row[f"{cases.FP16}_us"]),
+            _ms(row[f"{cases.W4_GEMV}_us"]),
+            _x(row[f"{cases.W4_GEMV}_speedup"]),
             _ms(row[f"{W4_BEST}_us"]),
             _x(row[f"{W4_BEST}_speedup"]),
-            _ms(row[f"{nbytes.TORCH_INT4}_us"]),
-            _x(row[f"{nbytes.TORCH_INT4}_speedup"]),
+            _ms(row[f"{cases.TORCH_INT4}_us"]),
+            _x(row[f"{cases.TORCH_INT4}_speedup"]),
         )
     return t
 
@@ -206,10 +199,10 @@ def notes(report: Report) -> list[str]:
             if f"{r.k}x{r.n}" not in where:
                 where.append(f"{r.k}x{r.n}")
             continue
-        where = f"{nbytes.LABELS[r.method]} {r.k}x{r.n}" + (f" M={r.m}" if r.m is not None else "")
+        where = f"{cases.label(r.method)} {r.k}x{r.n}" + (f" M={r.m}" if r.m is not None else "")
         lines.append(f"{where}: FAIL: {r.note}" if r.status == FAIL else f"{where}: {r.note}")
     for (method, note), where in skipped.items():
-        lines.append(f"{nbytes.LABELS[method]} skipped ({', '.join(where)}): {note}")
+        lines.append(f"{cases.label(method)} skipped ({', '.join(where)}): {note}")
     return lines
 
 
@@ -229,13 +222,13 @@ def markdown(report: Report) -> str:
     for shape in report.shapes:
         for m in report.batches:
             g = lambda method: report.get(shape.k, shape.n, m, method)  # noqa: E731
-            fp16, w4, dq, i4 = g(nbytes.FP16), g(nbytes.W4_GEMV), g(nbytes.W4_DQ_MM), g(nbytes.TORCH_INT4)
+            fp16, w4, dq, i4 = g(cases.FP16), g(cases.W4_GEMV), g(cases.W4_DQ_MM), g(cases.TORCH_INT4)
             bw = f"{w4.gbps:,.0f} ({w4.pct_of_copy:.0f}%)" if w4 is not None and w4.passed and w4.pct_of_copy is not None else ""
             out.append(
                 f"| {shape.label} | {shape.names or '-'} | {m} | {_us(fp16)} | {_us(w4)} | {bw} | {_mx(speedup(fp16, w4))} | "
                 f"{_us(dq)} | {_us(i4)} | {_mx(speedup(fp16, i4))} |"
             )
-    dq_rows = [report.get(s.k, s.n, None, nbytes.W4_DEQUANT) for s in report.shapes]
+    dq_rows = [report.get(s.k, s.n, None, cases.W4_DEQUANT) for s in report.shapes]
     if any(r is not None for r in dq_rows):
         out += ["", "| K x N | w4 dequantize us | GB/s | % of copy |", "|---|---|---|---|"]
         for s, r in zip(report.shapes, dq_rows):
@@ -251,9 +244,9 @@ def markdown(report: Report) -> str:
                 "| M | fp16 | w4 GEMV | vs fp16 | w4 best | vs fp16 | torch int4 | vs fp16 |", "|---|---|---|---|---|---|---|---|"]
         for row in rows:
             out.append(
-                f"| {row['m']} | {_ms(row[f'{nbytes.FP16}_us'])} | {_ms(row[f'{nbytes.W4_GEMV}_us'])} | "
-                f"{_mx(row[f'{nbytes.W4_GEMV}_speedup'])} | {_ms(row[f'{W4_BEST}_us'])} | {_mx(row[f'{W4_BEST}_speedup'])} | "
-                f"{_ms(row[f'{nbytes.TORCH_INT4}_us'])} | {_mx(row[f'{nbytes.TORCH_INT4}_speedup'])} |"
+                f"| {row['m']} | {_ms(row[f'{cases.FP16}_us'])} | {_ms(row[f'{cases.W4_GEMV}_us'])} | "
+                f"{_mx(row[f'{cases.W4_GEMV}_speedup'])} | {_ms(row[f'{W4_BEST}_us'])} | {_mx(row[f'{W4_BEST}_speedup'])} | "
+                f"{_ms(row[f'{cases.TORCH_INT4}_us'])} | {_mx(row[f'{cases.TORCH_INT4}_speedup'])} |"
             )
     out += ["", "Bytes counted (GB/s = bytes / median): fp16 K*N*2; w4 K*N/2 + (K/G)*N*2 + (K/G)*N/2; torch int4 "
             "K*N/2 + (K/G)*N*4; each plus M*K*2 + M*N*2; dequantize K*N/2 + (K/G)*N*5/2 + K*N*2. "
@@ -298,7 +291,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "copy": {"gbps": report.copy_gbps, "name": report.copy_name},
         "group_size": report.group,
         "batches": report.batches,
-        "bytes_definition": nbytes.DEFINITION,
+        "bytes_definition": cases.DEFINITION,
         "model": None if model is None else {
             "model": model.model,
             "model_type": model.model_type,

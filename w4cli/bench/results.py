@@ -1,4 +1,4 @@
-"""What a `w4 bench` run recorded, and the per-token projection for a model (pure, no GPU).
+"""What a `w4 bench` run recorded, and the per-token projection for a model (no GPU).
 
 A Result is one method on one shape at one batch size: passed (with its times), FAIL (its output
 did not match the reference: no time is kept), or skipped (the method cannot run here, with why).
@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from w4cli.bench import nbytes
+from w4cli.bench import cases
 from w4cli.bench.shapes import Linear, ModelShapes, Shape
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
@@ -39,7 +39,7 @@ class Result:
 
     @classmethod
     def from_timing(cls, k: int, n: int, m: int | None, method: str, t: Any, note: str = "") -> "Result":
-        """From a w4cli.timing.Timing (duck-typed, so this module needs no torch)."""
+        """From a w4cli.timing.Timing."""
         return cls(k, n, m, method, PASS, note, t.bytes_moved, t.median_us, t.p10_us, t.p90_us, t.min_us, t.spread,
                    t.gbps, t.pct_of_copy, t.replays, t.input_sets, t.working_set_bytes, t.l2_bytes)
 
@@ -56,7 +56,7 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["label"] = nbytes.LABELS.get(self.method, self.method)
+        d["label"] = cases.label(self.method)
         d["l2_multiple"] = None if self.l2_multiple is None else round(self.l2_multiple, 2)
         return d
 
@@ -111,7 +111,7 @@ def executions(lin: Linear, m: int, batches: list[int], experts: int, top_k: int
     return lin.layers * distinct, at
 
 
-SUMMARY_METHODS = (nbytes.FP16, nbytes.W4_GEMV, nbytes.W4_DQ_MM, nbytes.TORCH_INT4)
+SUMMARY_METHODS = (cases.FP16, cases.W4_GEMV, cases.W4_DQ_MM, cases.TORCH_INT4)
 W4_BEST = "w4_best"  # per layer, the faster of w4 GEMV and w4 dequant+mm
 
 
@@ -129,11 +129,11 @@ def project(report: Report) -> list[dict[str, Any]]:
         totals: dict[str, float | None] = {key: 0.0 for key in SUMMARY_METHODS + (W4_BEST,)}
         for lin in model.linears:
             calls, at = executions(lin, m, report.batches, model.num_experts, model.experts_per_token)
-            fp16 = report.get(lin.k, lin.n, at, nbytes.FP16)
+            fp16 = report.get(lin.k, lin.n, at, cases.FP16)
             times: dict[str, Result | None] = {}
             for method in SUMMARY_METHODS:
-                times[method] = fp16 if (not lin.quantized or method == nbytes.FP16) else report.get(lin.k, lin.n, at, method)
-            w4 = [times[nbytes.W4_GEMV], times[nbytes.W4_DQ_MM]]
+                times[method] = fp16 if (not lin.quantized or method == cases.FP16) else report.get(lin.k, lin.n, at, method)
+            w4 = [times[cases.W4_GEMV], times[cases.W4_DQ_MM]]
             w4_ok = [r for r in w4 if r is not None and r.passed]
             best = min(w4_ok, key=lambda r: r.median_us) if w4_ok else None  # type: ignore[arg-type, return-value]
             times[W4_BEST] = fp16 if not lin.quantized else best
@@ -143,8 +143,8 @@ def project(report: Report) -> list[dict[str, Any]]:
                 else:
                     totals[key] += calls * res.median_us  # type: ignore[operator]
         row: dict[str, Any] = {"m": m, **{f"{key}_us": totals[key] for key in totals}}
-        base = totals[nbytes.FP16]
-        for key in (nbytes.W4_GEMV, nbytes.W4_DQ_MM, nbytes.TORCH_INT4, W4_BEST):
+        base = totals[cases.FP16]
+        for key in (cases.W4_GEMV, cases.W4_DQ_MM, cases.TORCH_INT4, W4_BEST):
             row[f"{key}_speedup"] = base / totals[key] if base and totals[key] else None
         rows.append(row)
     return rows

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from w4cli.contract import GEMV_GROUP
 from w4cli.errors import InputRefused, UsageError
 
 LLAMA_STYLE = {
@@ -129,20 +130,9 @@ def parse_batches(text: str) -> list[int]:
     return values
 
 
-def unsupported_reason(k: int, n: int, group: int) -> str | None:
-    """Why w4's int4 kernels cannot run K x N at this group size (None if they can)."""
-    if k % group:
-        return f"K={k} is not a multiple of the group size {group}"
-    if n % 8:
-        return f"N={n} is not a multiple of 8 (8 int4 codes per packed word)"
-    if k % 8:
-        return f"K={k} is not a multiple of 8"
-    return None
-
-
 def check_group(group: int) -> None:
-    if group < 32 or group % 32:
-        raise UsageError(f"--group {group}: the w4 kernels take a group size that is a multiple of 32 (AWQ uses 128)")
+    if group < GEMV_GROUP or group % GEMV_GROUP:
+        raise UsageError(f"--group {group}: the w4 kernels take a group size that is a multiple of {GEMV_GROUP} (AWQ uses 128)")
 
 
 # ---- shapes from config.json ----

@@ -19,8 +19,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from w4cli import console, hub
-from w4cli.bench import render, shapes
+from w4cli import console, contract, hub
+from w4cli.bench import shapes
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
 from w4cli.options import CacheDirOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
 
@@ -66,7 +66,7 @@ def bench(
     extra = []
     for text in shape or []:
         k, n = shapes.parse_shape(text)
-        why = shapes.unsupported_reason(k, n, group)
+        why = contract.gemv_refusal(k, n, group)
         if why:
             raise UsageError(f"--shape {text}: {why}")
         extra.append(shapes.Shape(k, n))
@@ -88,11 +88,13 @@ def bench(
         _dry_run(todo, batches, group, model_shapes, json_file, markdown)
         return
 
-    usable, reason = _kernels_available()
+    from w4cli import kernels
+
+    usable, reason = kernels.probe()
     if not usable:
         raise EnvironmentUnavailable(f"w4 bench needs a CUDA GPU and the w4 kernels: {reason}")
 
-    from w4cli.bench import runner
+    from w4cli.bench import render, runner
 
     with console.steps("bench", runner.steps_for(todo, batches, group)) as advance:
         report = runner.run(todo, batches, group, model=model_shapes, replays=replays, step=advance)
@@ -102,12 +104,6 @@ def bench(
     if report.failures:
         first = report.failures[0]
         raise CheckFailed(f"{len(report.failures)} kernel check(s) failed; first: {first.note}")
-
-
-def _kernels_available() -> tuple[bool, str]:
-    from w4cli import kernels
-
-    return kernels.available()
 
 
 def _command_line(model: str | None, shape_args: list[str], batch: str, group: int, replays: int) -> str:
@@ -123,6 +119,8 @@ def _command_line(model: str | None, shape_args: list[str], batch: str, group: i
 
 
 def _show(report, markdown: bool) -> None:
+    from w4cli.bench import render
+
     if markdown:
         sys.stdout.write(render.markdown(report))
         sys.stdout.flush()
@@ -138,6 +136,7 @@ def _show(report, markdown: bool) -> None:
 
 
 def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
+    from w4cli.bench import render
     from w4cli.bench.results import Report
 
     report = Report({}, 0.0, "", group, batches, todo, [], model_shapes)
@@ -146,6 +145,8 @@ def _dry_run(todo, batches, group, model_shapes, json_file, markdown) -> None:
 
 
 def _show_shapes(report, markdown: bool) -> None:
+    from w4cli.bench import render
+
     if markdown:
         sys.stdout.write(render.shapes_markdown(report))
         sys.stdout.flush()

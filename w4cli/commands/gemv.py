@@ -1,21 +1,42 @@
-"""`w4 gemv`: run w4's W4A16 GEMV kernel on checkpoint layers or a random shape, and check it."""
+"""`w4 gemv`: run w4's W4A16 GEMV kernel on checkpoint layers or a random shape, check every output
+against the float64 reference (w4cli/checks.py), then time it (w4cli/bench/cases.py). Correctness
+gates speed: a layer whose output is outside the bound gets no time."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from w4cli import console
-from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape, unsupported_reason
+from w4cli import console, contract
+from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, InputRefused, UsageError
 from w4cli.options import SEED_MAX, CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
 
-if TYPE_CHECKING:
-    from w4cli.gemv_check import GemvResult
+
+@dataclass
+class GemvResult:
+    layer: str
+    k: int
+    n: int
+    group_size: int
+    batch: int
+    device: str  # "cuda": the kernel ran; "cpu": the reference alone
+    max_abs_err: float | None = None
+    rel_err: float | None = None
+    worst_err_over_bound: float | None = None
+    passed: bool | None = None  # None: nothing was checked (reference only)
+    median_us: float | None = None
+    gbps: float | None = None
+    pct_of_copy: float | None = None
+    cold_l2: bool | None = None  # False: even the largest rotation fits in 4x L2, the time is optimistic
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 EXAMPLES = [
     "w4 gemv ./qwen-w4 --layer '*.mlp.*' --batch 4",
@@ -29,10 +50,9 @@ def _device(device: Device) -> str:
         return "cpu"
     from w4cli import kernels
 
-    usable, reason = kernels.available()
+    usable, reason = kernels.probe()
     if not usable:
         raise EnvironmentUnavailable(f"{reason} (pass --device cpu to run the reference alone)")
-    kernels.load()
     return "cuda"
 
 
@@ -64,19 +84,49 @@ def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
 
 def _random_shape(text: str, group_size: int) -> tuple[int, int]:
     k, n = parse_shape(text)
-    why = unsupported_reason(k, n, k if group_size == -1 else group_size)
+    why = contract.gemv_refusal(k, n, k if group_size == -1 else group_size)
     if why:
         raise UsageError(f"--shape {text}: {why}")
     return k, n
 
 
 def _random_layers(shapes: list[tuple[int, int]], group_size: int, seed: int):
-    from w4cli.formats import w4_gemv
-    from w4cli.gemv_check import random_awq
+    import torch
+
+    from w4cli.formats import awq_gemm, w4_gemv
 
     for i, (k, n) in enumerate(shapes):
-        awq = random_awq(k, n, k if group_size == -1 else group_size, seed + i)
-        yield f"random {k}x{n}", w4_gemv.repack_from_awq(awq["qweight"], awq["qzeros"], awq["scales"]), None
+        awq = awq_gemm.random_layer(k, n, k if group_size == -1 else group_size, torch.Generator().manual_seed(seed + i))
+        yield f"random {k}x{n}", w4_gemv.repack_from_awq(*awq), None
+
+
+# layer: one linear's w4-gemv tensors (qweight, qzeros, scales, meta) on the CPU; bias [N] fp16 | None
+def _check_layer(name: str, layer: dict, bias, batch: int, seed: int, device: str, time_it: bool, copy) -> GemvResult:
+    import torch
+
+    from w4cli.formats import w4_gemv
+
+    k, n, g = w4_gemv.validate(*(layer[s] for s in w4_gemv.TENSOR_NAMES))
+    result = GemvResult(name, k, n, g, batch, device)
+    if device == "cpu":
+        x = torch.randn(batch, k, generator=torch.Generator().manual_seed(seed)).half()
+        w4_gemv.gemv_reference(x, *(layer[s] for s in w4_gemv.TENSOR_NAMES), bias=bias)
+        return result
+
+    from w4cli import timing
+    from w4cli.bench import cases
+
+    on_gpu = cases.CheckpointLayer(layer, bias, seed)
+    case = cases.W4_GEMV_KERNEL.case(on_gpu, batch)
+    args = case.inputs(0)
+    errors = cases.w4_gemv_errors(on_gpu, case.run(*args), args)
+    result.max_abs_err, result.rel_err = errors.max_abs_err, errors.rel_err
+    result.worst_err_over_bound, result.passed = errors.worst_over_bound, errors.passed
+    if result.passed and time_it:
+        t = case.measure(copy)
+        result.median_us, result.gbps, result.pct_of_copy = t.median_us, t.gbps, t.pct_of_copy
+        result.cold_l2 = t.working_set_bytes >= timing.L2_MULTIPLE * t.l2_bytes
+    return result
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -141,14 +191,12 @@ def gemv(
         from w4cli import timing
 
         copy = timing.copy_bandwidth()
-    from w4cli.gemv_check import check_layer
-
     results = []
     checked: list[dict] = []
     console.record(layers=checked)
     with console.steps("gemv", None) as advance:
         for i, (name, tensors, bias) in enumerate(layers):
-            results.append(check_layer(name, tensors, bias, batch, seed + i, where, time_it, copy))
+            results.append(_check_layer(name, tensors, bias, batch, seed + i, where, time_it, copy))
             checked.append(results[-1].as_dict())
             advance(name)
     document = {"device": where, "copy_gbps": copy.gbps if copy else None, "layers": [r.as_dict() for r in results]}

@@ -14,6 +14,8 @@ rounding is the final cast to the output dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
@@ -56,11 +58,29 @@ def pack(codes: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-def random_words(shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str | None = None) -> torch.Tensor:
-    """Random packed words over the full int32 range, sign bit included, so every nibble takes
-    every value 0..15: what every check and benchmark feeds the kernels (never zeros)."""
-    words = torch.randint(-(2**31), 2**31, shape, generator=generator, dtype=torch.int64, device=device)
+def _random_words(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    words = torch.randint(-(2**31), 2**31, shape, generator=generator, dtype=torch.int64, device=generator.device)
     return words.to(torch.int32)
+
+
+# -> qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N], on the generator's device
+def random_layer(
+    k: int,
+    n: int,
+    group: int,
+    generator: torch.Generator,
+    scales: Callable[[int, int, torch.Generator], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random AWQ layer, what every check and benchmark feeds the kernels (never zeros): packed
+    words over the full int32 range, sign bit included, so every nibble takes every value 0..15;
+    scales from scales(groups, N, generator), by default uniform in [0.002, 0.012) float16 (positive
+    and small, so outputs stay well inside fp16). Drawn in that order from the one generator."""
+    groups = k // group
+    qweight = _random_words((k, n // PACK), generator)
+    qzeros = _random_words((groups, n // PACK), generator)
+    if scales is None:
+        return qweight, qzeros, (torch.rand(groups, n, generator=generator, device=generator.device) * 0.01 + 0.002).half()
+    return qweight, qzeros, scales(groups, n, generator)
 
 
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16|bf16

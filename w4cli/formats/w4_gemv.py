@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import torch
 
+from w4cli.contract import GEMV_DTYPE, gemv_refusal
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 
-LAYOUT = "w4-gemv"
 LAYOUT_VERSION = 1
 
 # nibble i of a word holds k-offset AWQ_ORDER[i] of its 8 consecutive k (same order as AWQ's N)
@@ -152,20 +152,15 @@ def validate(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
     return k, n, g
 
 
-def _check_kernel_shape(k: int, n: int, g: int) -> None:
-    if n % TILE_ROWS:
-        _refuse(f"out_features must be a multiple of 8, got {n}")
-    if k % PACK:
-        _refuse(f"in_features must be a multiple of 8 (16-byte activation rows), got {k}")
-    if g % 32 and g != k:
-        _refuse(f"group size must be a multiple of 32 or the whole row, got {g} with in_features {k}")
+def _check_kernel_shape(k: int, n: int, g: int, scales: str = GEMV_DTYPE) -> None:
+    why = gemv_refusal(k, n, g, scales)
+    if why:
+        _refuse(why)
 
 
 def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> None:
     if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
         _refuse(f"AWQ qweight and qzeros must be int32, got {qweight.dtype} and {qzeros.dtype}")
-    if scales.dtype != torch.float16:
-        _refuse(f"the GEMV kernel takes float16 scales, got {scales.dtype}")
     if qweight.dim() != 2 or qzeros.dim() != 2 or scales.dim() != 2:
         _refuse("AWQ qweight, qzeros and scales must be 2-D")
     k, words = qweight.shape
@@ -176,7 +171,7 @@ def check_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor)
     if tuple(scales.shape) != (groups, n) or tuple(qzeros.shape) != (groups, words):
         _refuse(f"AWQ shapes disagree: qweight {list(qweight.shape)}, qzeros {list(qzeros.shape)}, "
                 f"scales {list(scales.shape)}")
-    _check_kernel_shape(k, n, k // groups)
+    _check_kernel_shape(k, n, k // groups, str(scales.dtype).removeprefix("torch."))
 
 
 # -> float32 [N, K], exactly (q - z) * s
@@ -218,7 +213,7 @@ def gemv_reference(
     """The GEMV oracle: the fp16-rounded dequantized weight, products and sums in float32, bias
     added in float32. The kernel rounds once to fp16; with G % 128 == 0 (or one group) it applies
     the scale in fp32 after summing (q - z) * x over each 128-k block, so it skips the fp16
-    rounding of the weight: it matches this within w4cli/tolerance.py's bound, and bit for bit on
+    rounding of the weight: it matches this within w4cli/checks.py's bound, and bit for bit on
     exact data (kernels/gemv_w4a16.cu's header says why)."""
     k, n, _ = validate(qweight, qzeros, scales, meta)
     if x.dim() != 2 or x.shape[1] != k:

@@ -1,7 +1,6 @@
 """`w4 verify`: the release gate. One module per job:
 
     report.py       Check rows, the exit decision, table / JSON / JUnit rendering
-    bits.py         raw-bit comparison; a GEMV output against w4cli/tolerance.py's bound
     environment.py  GPU and kernel probe, the environment block of the report
     selftest.py     `w4 verify`: kernels and references over a fixed shape matrix
     integrity.py    `w4 verify MODEL`: one quantized checkpoint, alone

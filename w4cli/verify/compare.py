@@ -21,20 +21,19 @@ import torch
 
 from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
 from w4cli import provenance
-from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config
+from w4cli.checks import Mismatch, first_difference
+from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config, torch_dtype_name
 from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
 from w4cli.layers import QuantModel
 from w4cli.repack import check_repackable, repacked_config
 from w4cli.repack import plan_tensors as repack_plan
 from w4cli.source import aux_files, open_quantized
-from w4cli.verify.bits import first_difference
 from w4cli.console import steps
-from w4cli.verify.report import Mismatch, Report, run_check
+from w4cli.verify.report import Report, run_check
 from w4cli.writer import OutputTensor, plan_shards
 
 GROUP = "compare"
-SAFETENSORS_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
 
 
 def _describe(value: Any) -> str:
@@ -59,7 +58,7 @@ def _weights_dtype(output: Checkpoint, source: QuantModel) -> str | None:
     for layer in source.layers.values():
         info = output.tensors.get(layer.weight)
         if info is not None:
-            return SAFETENSORS_DTYPE_NAMES.get(info.dtype, info.dtype)
+            return torch_dtype_name(info.dtype)
     return None
 
 
@@ -258,14 +257,14 @@ def run(report: Report, output_root: Path, source_snapshot: Snapshot, include_co
     else:
         tensor_dtype = _weights_dtype(output, source)
         named = output.config.get("dtype", output.config.get("torch_dtype"))
-        dtype_name = named if named in DTYPES else (tensor_dtype if tensor_dtype in DTYPES else "float16")
-        report.target["output_kind"] = f"dequantized ({dtype_name})"
-        plan = dequantize_plan(source, DTYPES[dtype_name], cpu_dequantizer)
-        expected = dense_config(source.checkpoint.config, dtype_name)
+        written = named if named in DTYPES else (tensor_dtype if tensor_dtype in DTYPES else "float16")
+        report.target["output_kind"] = f"dequantized ({written})"
+        plan = dequantize_plan(source, DTYPES[written], cpu_dequantizer)
+        expected = dense_config(source.checkpoint.config, written)
         run_check(report, "config.json", COMPARED["config.json"], _config(output, expected, tensor_dtype), GROUP)
         run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)
         with steps("w4 verify: tensors", len(plan)) as advance:
-            run_check(report, "tensors", COMPARED["tensors"], _tensors(output, plan, f"a fresh {dtype_name} dequantization", advance), GROUP)
+            run_check(report, "tensors", COMPARED["tensors"], _tensors(output, plan, f"a fresh {written} dequantization", advance), GROUP)
     run_check(report, "copied files", COMPARED["copied files"], _copied_files(output_root, source, include_code), GROUP)
     run_check(report, "file set", COMPARED["file set"], _file_set(output_root, output, source, include_code), GROUP)
     run_check(report, "provenance", COMPARED["provenance"], _provenance(output, source_snapshot), GROUP)

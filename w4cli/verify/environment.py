@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from w4cli import __version__
-from w4cli.errors import EnvironmentUnavailable
 
 
 @dataclass
@@ -23,17 +22,11 @@ class Gpu:
 
 
 def probe_gpu() -> Gpu:
-    """Load the kernels if this machine can; never raises. A failed build is a reason, not a crash."""
+    """What w4cli.kernels.probe() answers, as the checks take it."""
     from w4cli import kernels
 
-    usable, reason = kernels.available()
-    if not usable:
-        return Gpu(None, reason)
-    try:
-        kernels.load()
-    except EnvironmentUnavailable as exc:
-        return Gpu(None, str(exc))
-    return Gpu(kernels, "")
+    usable, reason = kernels.probe()
+    return Gpu(kernels if usable else None, reason)
 
 
 def describe(gpu: Gpu, seed: int | None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Not a quantized checkpoint w4 reads at all (no quantization_config, GPTQ, 8-bit...) is refused
 (exit 4). Everything else becomes rows: files and index, tensors and shapes, scales, plain
 tensors, nibbles, and on a GPU every layer through the dequantize kernel (bit-exact with the CPU
-reference) and the GEMV kernel (repacked in memory for AWQ input; inside the bits.gemv_error
+reference) and the GEMV kernel (repacked in memory for AWQ input; inside w4cli/checks.py's
 bound at M = 1..8). Tensors are read one layer at a time.
 """
 
@@ -14,19 +14,19 @@ from pathlib import Path
 
 import torch
 
+from w4cli.checks import Mismatch, gemv_errors, require_identical
 from w4cli.checkpoint import CONFIG, Checkpoint, open_checkpoint, read_json
+from w4cli.contract import GEMV_MAX_M
 from w4cli.dequantize import awq_tensors, cpu_dequantizer
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
 from w4cli.layers import QuantModel, check_padding, check_scales, check_unquantized, find_layers
 from w4cli.quant_config import W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
-from w4cli.verify.bits import gemv_error, require_identical
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
-from w4cli.verify.report import Mismatch, Report, run_check, skip
+from w4cli.verify.report import Report, run_check, skip
 
 GROUP = "integrity"
-M_MAX = 8
 
 
 def open_scheme(root: Path) -> QuantScheme:
@@ -114,12 +114,12 @@ def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], s
             glayer = {k: v.cuda() for k, v in w4.items()}
             w16 = w4_gemv.dequantize(**glayer, dtype=torch.float16)
             gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
-            x = torch.randn(M_MAX, layer.in_features, generator=gen).half().cuda()
+            x = torch.randn(GEMV_MAX_M, layer.in_features, generator=gen).half().cuda()
             try:
-                for m in range(1, M_MAX + 1):
+                for m in range(1, GEMV_MAX_M + 1):
                     xm = x[:m].contiguous()
                     try:
-                        worst = max(worst, gemv_error(gpu.kernels.gemv(xm, **glayer), xm, w16)[0])
+                        worst = max(worst, gemv_errors(gpu.kernels.gemv(xm, **glayer), xm, w16).require().worst_over_bound)
                     except Mismatch as exc:
                         raise Mismatch(f"{layer.prefix} M={m}: {exc}") from None
             except Mismatch as exc:
@@ -131,7 +131,7 @@ def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], s
         if checked == 0:
             raise Mismatch(f"no layer could run through the GEMV kernel: {skipped[0]}")
         note = f"; {len(skipped)} layers not GEMV-able, first {skipped[0]}" if skipped else ""
-        return f"{checked} layers within bound at M=1..{M_MAX} (worst err/bound {worst:.3f}){note}"
+        return f"{checked} layers within bound at M=1..{GEMV_MAX_M} (worst err/bound {worst:.3f}){note}"
 
     return body
 

@@ -13,14 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from w4cli.checks import Mismatch
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, W4Error
 
 PASS, FAIL, SKIP, ERROR = "PASS", "FAIL", "SKIP", "ERROR"
 STYLES = {PASS: "green", FAIL: "bold red", SKIP: "yellow", ERROR: "bold red"}
-
-
-class Mismatch(Exception):
-    """Raised inside a check: the compared things differ; the message says where and how."""
 
 
 @dataclass

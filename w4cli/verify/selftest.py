@@ -15,7 +15,7 @@ Per shape (K = in_features, N = out_features, G = group size), with words drawn 
     gpu gemv exact   kernels.gemv, M = 1..8, x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
                      grid: every fp32 sum is exact, so out == fp32 reference rounded once, bit for bit
     gpu gemv random  kernels.gemv, M = 1..8, normal x, real-checkpoint scales: inside the bound of
-                     bits.gemv_error against a float64 reference; two runs bit-identical
+                     w4cli/checks.py against a float64 reference; two runs bit-identical
 
 Shapes the GEMV kernel cannot take (K % 8, G neither a multiple of 32 nor K) get the dequantize
 rows only. The ref rows take each layer in blocks of output channels (BLOCK_WEIGHTS weights, every
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 
 import torch
 
+from w4cli.checks import Mismatch, gemv_errors, raw_bits, require_identical
+from w4cli.contract import GEMV_MAX_M, OUT_DTYPES, gemv_refusal
+from w4cli.dequantize import DTYPES
 from w4cli.formats import awq_gemm, w4_gemv
-from w4cli.verify.bits import gemv_error, raw_bits, require_identical
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
-from w4cli.verify.report import PASS, Check, Mismatch, Report, run_check, skip
+from w4cli.verify.report import PASS, Check, Report, run_check, skip
 
 GROUP = "selftest"
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-M_MAX = 8  # GEMV rows checked: 1..8, every width of the kernel's n8 activation tile
 # scale values that hit fp16's edges: overflow to inf, subnormal products, exact powers of two
 EXTREME_SCALES = (65504.0, -6.0e-8, 6.1e-5, -3.0e-6, 4500.0, -1.0e-4, 1.0, -2.5e3)
 
@@ -60,7 +60,7 @@ class Shape:
 
     @property
     def gemv_legal(self) -> bool:
-        return self.k % 8 == 0 and self.n % 8 == 0 and (self.g % 32 == 0 or self.g == self.k) and self.scale_dtype == torch.float16
+        return gemv_refusal(self.k, self.n, self.g, str(self.scale_dtype).removeprefix("torch.")) is None
 
 
 # data, not code: real layers, the smallest legal shape, odd sizes, tile edges, every group size
@@ -97,11 +97,10 @@ def _generator(seed: int, shape: Shape, salt: int) -> torch.Generator:
 
 # -> qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N] (random, never 0, 8 extremes)
 def dequant_layer(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = _generator(seed, shape, 1)
-    groups = shape.k // shape.g
-    qweight = awq_gemm.random_words((shape.k, shape.n // 8), gen)
-    qzeros = awq_gemm.random_words((groups, shape.n // 8), gen)
-    scales = (torch.randn(groups, shape.n, generator=gen) * 0.02).to(shape.scale_dtype)
+    def normal(groups: int, n: int, gen: torch.Generator) -> torch.Tensor:
+        return (torch.randn(groups, n, generator=gen) * 0.02).to(shape.scale_dtype)
+
+    qweight, qzeros, scales = awq_gemm.random_layer(shape.k, shape.n, shape.g, _generator(seed, shape, 1), normal)
     scales[scales == 0] = 0.01
     flat = scales.view(-1)
     extremes = torch.tensor(EXTREME_SCALES[: flat.numel()]).to(shape.scale_dtype)
@@ -112,27 +111,25 @@ def dequant_layer(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
 # -> qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N] fp16 of a random layer for
 # the GEMV checks; exact: scales +-2^-6..2^-3, else 2^-9..2^-4 (real AWQ)
 def gemv_awq(shape: Shape, seed: int, exact: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = _generator(seed, shape, 2 if exact else 3)
-    groups = shape.k // shape.g
-    qweight = awq_gemm.random_words((shape.k, shape.n // 8), gen)
-    qzeros = awq_gemm.random_words((groups, shape.n // 8), gen)
-    sign = torch.randint(0, 2, (groups, shape.n), generator=gen) * 2 - 1
-    if exact:
-        expo = torch.randint(-6, -2, (groups, shape.n), generator=gen).float()
-    else:
-        expo = torch.rand(groups, shape.n, generator=gen) * 5 - 9
-    scales = (sign * torch.exp2(expo)).half()
-    return qweight, qzeros, scales
+    def signed_exp2(groups: int, n: int, gen: torch.Generator) -> torch.Tensor:
+        sign = torch.randint(0, 2, (groups, n), generator=gen) * 2 - 1
+        if exact:
+            expo = torch.randint(-6, -2, (groups, n), generator=gen).float()
+        else:
+            expo = torch.rand(groups, n, generator=gen) * 5 - 9
+        return (sign * torch.exp2(expo)).half()
+
+    return awq_gemm.random_layer(shape.k, shape.n, shape.g, _generator(seed, shape, 2 if exact else 3), signed_exp2)
 
 
-# -> x [M_MAX, K] fp16 and bias [N] fp16; exact: x in {-1, 0, 1}, bias on a 2^-6 grid
+# -> x [GEMV_MAX_M, K] fp16 and bias [N] fp16; exact: x in {-1, 0, 1}, bias on a 2^-6 grid
 def activations(shape: Shape, seed: int, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     gen = _generator(seed, shape, 4 if exact else 5)
     if exact:
-        x = torch.randint(-1, 2, (M_MAX, shape.k), generator=gen).half()
+        x = torch.randint(-1, 2, (GEMV_MAX_M, shape.k), generator=gen).half()
         bias = (torch.randint(-64, 64, (shape.n,), generator=gen) * 2.0**-6).half()
     else:
-        x = torch.randn(M_MAX, shape.k, generator=gen).half()
+        x = torch.randn(GEMV_MAX_M, shape.k, generator=gen).half()
         bias = torch.randn(shape.n, generator=gen).half()
     return x, bias
 
@@ -218,7 +215,8 @@ def _ref_dequantize(shape: Shape, qw, qz, s) -> Callable[[], str]:
         for words in blocks:
             bq, bz, bs = block_of(qw, qz, s, words)
             exact = restated_exact(bq, bz, bs)
-            for dname, dtype in DTYPES.items():
+            for name, dname in OUT_DTYPES.items():
+                dtype = DTYPES[name]
                 for lname, transpose in LAYOUTS.items():
                     ref = awq_gemm.dequantize(bq, bz, bs, dtype=dtype, transpose=transpose)
                     require_identical(ref, restated_dequantize(exact, dtype, transpose), f"{dname} {lname} {channels(words)}",
@@ -242,7 +240,8 @@ def _ref_repack(shape: Shape, qw, qz, s) -> Callable[[], str]:
             codes = w4_gemv.unpack(layer["qweight"], layer["meta"])
             require_identical(codes, awq_gemm.unpack(bq).t().contiguous(), f"w4-gemv codes {where}", "w4-gemv", "AWQ")
             exact = restated_exact(bq, bz, bs)
-            for dname, dtype in DTYPES.items():
+            for name, dname in OUT_DTYPES.items():
+                dtype = DTYPES[name]
                 require_identical(w4_gemv.dequantize(**layer, dtype=dtype), restated_dequantize(exact, dtype, True),
                                   f"{dname} dequantize {where}", "w4-gemv", "restatement")
         return f"words round-trip bit-exact; w4-gemv codes == AWQ's; w4-gemv dequantize (fp16/bf16/fp32) == restatement ({coverage(shape, blocks)})"
@@ -261,8 +260,8 @@ def _ref_gemv(shape: Shape, seed: int) -> Callable[[], str]:
             ref = w4_gemv.gemv_reference(x, **w4_gemv.repack_from_awq(bq, bz, bs), bias=b).half()
             w = restated_dequantize(restated_exact(bq, bz, bs), torch.float64, True)
             restated = (x.double() @ w.t() + b.double()).half()
-            require_identical(raw_bits(ref + 0), raw_bits(restated + 0), f"M={M_MAX} {channels(words)}", "reference", "float64 restatement")
-        return f"M={M_MAX}: fp32 reference == float64 restatement, bit for bit ({coverage(shape, blocks)})"
+            require_identical(raw_bits(ref + 0), raw_bits(restated + 0), f"M={GEMV_MAX_M} {channels(words)}", "reference", "float64 restatement")
+        return f"M={GEMV_MAX_M}: fp32 reference == float64 restatement, bit for bit ({coverage(shape, blocks)})"
 
     return body
 
@@ -272,7 +271,8 @@ def _gpu_dequantize(kernels, shape: Shape, qw, qz, s, reference_checked: bool) -
         if not reference_checked:
             raise Mismatch("no reference to compare with (the ref dequantize check failed)")
         gq, gz, gs = qw.cuda(), qz.cuda(), s.cuda()
-        for dname, dtype in DTYPES.items():
+        for name, dname in OUT_DTYPES.items():
+            dtype = DTYPES[name]
             for lname, transpose in LAYOUTS.items():
                 out = kernels.dequantize_awq(gq, gz, gs, dtype=dtype, transpose=transpose)
                 require_identical(out, awq_gemm.dequantize(qw, qz, s, dtype=dtype, transpose=transpose), f"{dname} {lname}", "kernel", "reference")
@@ -280,7 +280,8 @@ def _gpu_dequantize(kernels, shape: Shape, qw, qz, s, reference_checked: bool) -
         if shape.gemv_legal:
             layer = {k: v.cuda() for k, v in w4_gemv.repack_from_awq(qw, qz, s).items()}
             awq = w4_gemv.to_awq(**layer)
-            for dname, dtype in DTYPES.items():
+            for name, dname in OUT_DTYPES.items():
+                dtype = DTYPES[name]
                 out = kernels.dequantize_awq(awq["qweight"], awq["qzeros"], awq["scales"], dtype=dtype, transpose=True)
                 require_identical(out, awq_gemm.dequantize(qw, qz, s, dtype=dtype), f"w4-gemv {dname}", "kernel", "reference")
             done += " + 3 from w4-gemv"
@@ -309,11 +310,11 @@ def _gpu_gemv_exact(kernels, shape: Shape, seed: int) -> Callable[[], str]:
         want = w4_gemv.gemv_reference(x, **layer, bias=bias).half()  # every fp32 sum is exact: rounds once
         glayer = {k: v.cuda() for k, v in layer.items()}
         gx, gb = x.cuda(), bias.cuda()
-        for m in range(1, M_MAX + 1):
+        for m in range(1, GEMV_MAX_M + 1):
             out = kernels.gemv(gx[:m].contiguous(), **glayer, bias=gb)
             # + 0 maps -0.0 to +0.0: the one sign difference a different exact summation order makes
             require_identical(raw_bits(out.cpu() + 0), raw_bits(want[:m] + 0), f"M={m}", "kernel", "reference")
-        return f"M=1..{M_MAX} bit-identical to the fp32 reference rounded once"
+        return f"M=1..{GEMV_MAX_M} bit-identical to the fp32 reference rounded once"
 
     return body
 
@@ -325,19 +326,19 @@ def _gpu_gemv_random(kernels, shape: Shape, seed: int) -> Callable[[], str]:
         glayer = {k: v.cuda() for k, v in layer.items()}
         w16 = w4_gemv.dequantize(**glayer, dtype=torch.float16)  # the weights the kernel multiplies
         gx, gb = x.cuda(), bias.cuda()
-        worst = (0.0, 0.0, 0.0, float("inf"))
-        for m in range(1, M_MAX + 1):
+        runs = []
+        for m in range(1, GEMV_MAX_M + 1):
             xm = gx[:m].contiguous()
             out = kernels.gemv(xm, **glayer, bias=gb)
             try:
-                metrics = gemv_error(out, xm, w16, gb)
+                runs.append(gemv_errors(out, xm, w16, gb).require())
             except Mismatch as exc:
                 raise Mismatch(f"M={m}: {exc}") from None
             again = kernels.gemv(xm, **glayer, bias=gb)
             require_identical(again, out, f"M={m} second run", "run 2", "run 1")
-            worst = (max(worst[0], metrics[0]), max(worst[1], metrics[1]), max(worst[2], metrics[2]), min(worst[3], metrics[3]))
-        return (f"M=1..{M_MAX} within bound (worst err/bound {worst[0]:.3f}); max|err| {worst[1]:.3g}, "
-                f"mean-rel {worst[2]:.3g}, SQNR {worst[3]:.1f} dB; deterministic")
+        return (f"M=1..{GEMV_MAX_M} within bound (worst err/bound {max(e.worst_over_bound for e in runs):.3f}); "
+                f"max|err| {max(e.max_abs_err for e in runs):.3g}, mean-rel {max(e.mean_rel_err for e in runs):.3g}, "
+                f"SQNR {min(e.sqnr_db for e in runs):.1f} dB; deterministic")
 
     return body
 

@@ -1,0 +1,46 @@
+"""What w4's CUDA kernels take, stated once. Every caller asks here before it hands a layer to a
+kernel (repack, `w4 gemv`, `w4 bench`, `w4 verify`, the loader's wrappers); kernels/ops.cpp checks
+the same again before each launch, as the last line of defence.
+
+K = in_features, N = out_features, G = group size, M = rows of activations.
+
+    both kernels  N % 8 == 0 (8 int4 codes per packed word); K % G == 0
+    dequantize    scales float16 or bfloat16; writes float16, bfloat16 or float32
+    GEMV          K % 8 == 0 (activation rows stay 16-byte aligned); G % 32 == 0 (a 32-k run of the
+                  kernel never straddles two groups) or G == K; x, scales, bias and y float16;
+                  M <= 8 per launch (one mma n8 tile): w4cli.kernels.gemv splits a larger M
+
+Pure (no torch): the command line asks it before anything heavy is imported, so dtypes are named as
+torch names them (`getattr(torch, name)` is the dtype).
+"""
+
+from __future__ import annotations
+
+PACK = 8  # int4 codes per int32 word
+GEMV_MAX_M = 8  # rows of x per GEMV launch
+GEMV_GROUP = 32  # the GEMV's group size is a multiple of this, or the whole row
+
+# the dequantize kernel's output dtypes, with the short names --dtype also takes and reports print
+OUT_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+GEMV_DTYPE = "float16"  # x, scales, bias and y of the GEMV
+
+
+def dequantize_refusal(k: int, n: int, g: int) -> str | None:
+    """Why the dequantize kernel cannot take K x N at group size G (None if it can)."""
+    if k % g:
+        return f"K={k} is not a multiple of the group size {g}"
+    if n % PACK:
+        return f"N={n} is not a multiple of {PACK} ({PACK} int4 codes per packed word)"
+    return None
+
+
+def gemv_refusal(k: int, n: int, g: int, scales: str = GEMV_DTYPE) -> str | None:
+    """Why the GEMV kernel cannot take K x N at group size G with scales of this dtype (None if it can)."""
+    why = dequantize_refusal(k, n, g)
+    if why is None and k % 8:
+        why = f"K={k} is not a multiple of 8 (16-byte activation rows)"
+    if why is None and g % GEMV_GROUP and g != k:
+        why = f"group size {g} is neither a multiple of {GEMV_GROUP} nor the whole row K={k}"
+    if why is None and scales != GEMV_DTYPE:
+        why = f"the GEMV kernel takes {GEMV_DTYPE} scales, not {scales}"
+    return why
