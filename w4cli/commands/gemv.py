@@ -165,7 +165,7 @@ def gemv(
                                                   metavar="MODEL", parser=not_empty)] = None,
     layer: Annotated[Optional[list[str]], typer.Option("--layer", help="Layer prefix or glob (repeatable); default: every quantized layer.")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="KxN of a random layer instead of MODEL (repeatable).")] = None,
-    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help="Activation rows M (1-8 run in one launch).")] = 1,
+    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M ({contract.GEMV_MAX_M} or fewer run in one launch).")] = 1,
     group: Annotated[int, typer.Option("--group", help="Group size for --shape (-1: one group).")] = 128,
     seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for activations and random weights.")] = 0,
     time_it: Annotated[bool, typer.Option("--time/--no-time", help="Time each layer that passes.")] = True,
