@@ -78,7 +78,7 @@ def main() -> int:
             gemv = cases.W4_GEMV_KERNEL.case(layer, 1)
             for sp in (1, 2, 4, 8, 16):
                 def run(x, qweight, qzeros, scales, bias, sp=sp):
-                    return kernels._gemv_splits(x, qweight, qzeros, scales, bias=bias, splits=sp)
+                    return kernels._gemv_splits(x, qweight=qweight, qzeros=qzeros, scales=scales, bias=bias, splits=sp)
 
                 t = measure(dataclasses.replace(gemv, name=f"{gemv.name} splits={sp}", run=run), copy)
                 if t is not None:

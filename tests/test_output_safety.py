@@ -63,6 +63,16 @@ def writing_a_shard(out: Path):
     return lambda: any(out.parent.glob(f"{out.name}{TEMP}*/model-*.safetensors"))
 
 
+def writing_run(tmp_path: Path) -> tuple[Path, Path, subprocess.Popen]:
+    """A slow dequantize of a fresh model into tmp_path/out, returned once its first shard is being
+    written: (source, out, the running process)."""
+    src = slow_model(tmp_path / "src")
+    out = tmp_path / "out"
+    proc = start_w4("dequantize", src, out, *SLOW_ARGS, cwd=tmp_path)
+    wait_for(proc, writing_a_shard(out), "the first shard")
+    return src, out, proc
+
+
 def catches(pid: int, *signums: int) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
@@ -148,10 +158,7 @@ def test_three_runs_at_once_on_one_out_one_wins(tmp_path):
 
 
 def test_a_run_on_an_out_that_is_being_written_names_the_writer_and_leaves_it_alone(tmp_path, w4):
-    src = slow_model(tmp_path / "src")
-    out = tmp_path / "out"
-    writer = start_w4("dequantize", src, out, *SLOW_ARGS, cwd=tmp_path)
-    wait_for(writer, writing_a_shard(out), "the first shard")
+    src, out, writer = writing_run(tmp_path)
     second = w4("dequantize", src, out, "--force", "--device", "cpu")
     assert second.exit_code == EXIT_FAILED
     assert error_lines(second.stderr) == [f"error: OUTPUT_DIR {out} is being written by another w4 (pid {writer.pid})"]
@@ -258,10 +265,7 @@ def test_a_stop_signal_while_w4_starts_is_one_line_and_exit_130(tmp_path, signum
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_sigterm_and_sighup_while_writing_leave_nothing_behind(tmp_path, signum):
-    src = slow_model(tmp_path / "src")
-    out = tmp_path / "out"
-    proc = start_w4("dequantize", src, out, *SLOW_ARGS, cwd=tmp_path)
-    wait_for(proc, writing_a_shard(out), "the first shard")
+    src, out, proc = writing_run(tmp_path)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, stderr
@@ -272,10 +276,7 @@ def test_sigterm_and_sighup_while_writing_leave_nothing_behind(tmp_path, signum)
 
 
 def test_a_later_run_removes_what_a_killed_run_left_but_never_a_live_ones(tmp_path, w4):
-    src = slow_model(tmp_path / "src")
-    out = tmp_path / "out"
-    killed = start_w4("dequantize", src, out, *SLOW_ARGS, cwd=tmp_path)
-    wait_for(killed, writing_a_shard(out), "the first shard")
+    src, out, killed = writing_run(tmp_path)
     killed.kill()  # SIGKILL: no clean-up can run
     killed.communicate(timeout=60)
     left = temps(out)

@@ -289,26 +289,21 @@ def gemv(
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
     binding's checks, one readable line) for bad tensors.
     """
-    return _gemv_splits(x, qweight, qzeros, scales, meta, bias, splits=0)
-
-
-def _gemv_splits(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    meta: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    *,
-    splits: int,
-) -> torch.Tensor:
-    """`gemv` with the warps per 16-row tile (split-K) fixed to `splits` (1..16; 0 = chosen from
-    the occupancy, as `gemv` does). Not for users: the automatic choice depends on the GPU, so the
-    tests fix it to cover every split's reduction, and dev/bench_gemv.py sweeps it."""
     del meta
+    return _launch_gemv(x, qweight, qzeros, scales, bias, splits=0)
+
+
+def _gemv_splits(x: torch.Tensor, *, splits: int, **layer: torch.Tensor | None) -> torch.Tensor:
+    """`gemv(x, **layer)` with the warps per 16-row tile (split-K) fixed to `splits` (1..16; 0 =
+    chosen from the occupancy, as `gemv` does). Not for users: the automatic choice depends on the
+    GPU, so the tests fix it to cover every split's reduction, and dev/bench_gemv.py sweeps it."""
+    return _launch_gemv(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"), splits=splits)
+
+
+def _launch_gemv(x, qweight, qzeros, scales, bias, *, splits: int) -> torch.Tensor:
     mod = load()
     if x.dim() == 1:
-        return _gemv_splits(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, splits=splits).squeeze(0)
+        return _launch_gemv(x.unsqueeze(0), qweight, qzeros, scales, bias, splits=splits).squeeze(0)
     if x.dim() == 2 and x.shape[0] > GEMV_MAX_M:
         parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits))
                  for i in range(0, x.shape[0], GEMV_MAX_M)]
