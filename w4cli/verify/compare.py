@@ -218,7 +218,7 @@ COMPARED = {
     "tensors": "every OUTPUT tensor vs a fresh CPU conversion of SOURCE; raw bits",
     "repacked words": "every OUTPUT tensor (int32 words, scales, meta) vs a fresh repack of SOURCE; raw bits",
     "dequantized both sides": "OUTPUT and SOURCE dequantized to float32 (exact); raw bits",
-    "copied files": "tokenizer / generation files vs SOURCE's, byte for byte",
+    "copied files": "tokenizer, generation, model card and license files (and *.py with --include-code) vs SOURCE's, byte for byte",
     "file set": "OUTPUT's files vs what a conversion writes: shards, index, config.json, copied files",
     "provenance": "origin recorded in OUTPUT's shards: the same in every shard, SOURCE's revision",
 }
