@@ -86,6 +86,100 @@ __global__ void __launch_bounds__(512) gemv_tiles(const Args a) {
   }
 }
 
+// The same work with the activations staged in shared memory: a block of W x S warps covers W
+// 16-row tiles (warp tw of split s: tile blockIdx.x * W + tw, k-blocks s * P ..), and each step
+// the block copies the M x 128 activation slice of each split's current k-block into shared
+// memory once, for all W tiles: W times less activation traffic than one tile per block.
+// Rows are padded by 16 bytes so the lanes' 16-byte reads spread over the banks.
+constexpr int kRowHalves = 128 + 8;
+
+template <int NT>
+__global__ void __launch_bounds__(512) gemv_tiles_shared(const Args a, int W) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = (blockDim.x >> 5) / W;
+  const int tw = warp % W, s = warp / W;
+  __half* xs = reinterpret_cast<__half*>(smem);  // [S][8 NT][kRowHalves]
+  float* part = reinterpret_cast<float*>(smem + (size_t)S * 8 * NT * kRowHalves * 2);  // [S][W][NT][4][32]
+  const int tile = blockIdx.x * W + tw;
+  const bool live = tile * 16 < a.N;
+  // make_lane reads the tile from blockIdx.x: build the lane for this warp's tile by hand
+  Lane l;
+  l.g = lane >> 2;
+  l.t = lane & 3;
+  l.tile = live ? tile : 0;
+  l.row_lo = l.tile * 16 + l.g;
+  l.has_hi = l.tile * 16 + 8 < a.N;
+  l.words_n = a.N >> 3;
+  l.zshift = 4 * ((l.g >> 1) + 4 * (l.g & 1));
+  l.has_x = true;
+  l.wlo = a.qweight + (size_t)(2 * l.tile) * a.kblocks * 32 + lane;
+  l.whi = l.wlo + (size_t)a.kblocks * 32;
+  l.xrow = nullptr;
+  l.policy = evict_first_policy();
+  const int kb0 = s * a.kb_per_warp;
+  l.kb_end = min(kb0 + a.kb_per_warp, a.kblocks);
+  float acc0[NT][4] = {}, acc1[NT][4] = {};
+  const uint4* x16 = reinterpret_cast<const uint4*>(a.x);
+  const int threads_per_split = 32 * W;
+  const int tid_in_split = threadIdx.x - s * threads_per_split;
+  for (int step = 0; step < a.kb_per_warp; ++step) {
+    const int kb = kb0 + step;
+    Block b[1];
+    load_blocks<1>(b, kb, a, l);
+    __half* mine = xs + (size_t)s * 8 * NT * kRowHalves;
+    // the split's slice: 8 NT rows x 16 uint4, copied by its W warps
+    for (int v = tid_in_split; v < 8 * NT * 16; v += threads_per_split) {
+      const int row = v >> 4, col = v & 15, k0 = 128 * kb + 8 * col;
+      const uint4 val = (row < a.M && kb < l.kb_end && k0 < a.K) ? __ldg(x16 + ((size_t)row * a.K + k0) / 8) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(mine + row * kRowHalves + 8 * col) = val;
+    }
+    __syncthreads();
+    if (kb < l.kb_end) {
+      uint4 xv[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+          xv[j][w] = *reinterpret_cast<const uint4*>(mine + (l.g + 8 * j) * kRowHalves + 32 * l.t + 8 * w);
+      const ZeroF16x8 zlo = row_zero(b[0].z & 0xF), zhi = row_zero(b[0].z >> 4);
+      const uint32_t slo = (b[0].s & 0xFFFFu) * 0x10001u, shi = (b[0].s >> 16) * 0x10001u;
+      const uint32_t wl[4] = {b[0].lo.x, b[0].lo.y, b[0].lo.z, b[0].lo.w};
+      const uint32_t wh[4] = {b[0].hi.x, b[0].hi.y, b[0].hi.z, b[0].hi.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t dl[4], dh[4];
+        u4x8_minus_zero_f16x8(wl[w], zlo, dl);
+        u4x8_minus_zero_f16x8(wh[w], zhi, dh);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          dl[i] = mul_f16x2(dl[i], slo);
+          dh[i] = mul_f16x2(dh[i], shi);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          mma_16816(acc0[j], dl[0], dh[0], dl[1], dh[1], xv[j][w].x, xv[j][w].y);
+          mma_16816(acc1[j], dl[2], dh[2], dl[3], dh[3], xv[j][w].z, xv[j][w].w);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[(((s * W + tw) * NT + j) * 4 + i) * 32 + lane] = acc0[j][i] + acc1[j][i];
+  __syncthreads();
+  for (int o = threadIdx.x; o < W * NT * 128; o += blockDim.x) {
+    const int t2 = o / (NT * 128), j = (o >> 7) % NT, i = (o >> 5) & 3, ln = o & 31;
+    const int n = (blockIdx.x * W + t2) * 16 + (ln >> 2) + 8 * (i >> 1);
+    const int m = 8 * j + 2 * (ln & 3) + (i & 1);
+    if (m >= a.M || n >= a.N) continue;
+    float sum = 0.f;
+    for (int sp = 0; sp < S; ++sp) sum += part[(((sp * W + t2) * NT + j) * 4 + i) * 32 + ln];
+    a.y[(size_t)m * a.N + n] = __float2half_rn(sum);
+  }
+}
+
 struct Layer {
   int K, N;
   std::vector<uint4*> qweight;  // rotating sets
@@ -120,6 +214,24 @@ static double time_tiles(const Layer& L, const __half* x, __half* y, int M, int 
   });
 }
 
+template <int NT>
+static size_t shared_bytes(int W, int S) {
+  return (size_t)S * 8 * NT * kRowHalves * 2 + (size_t)S * W * NT * 4 * 32 * sizeof(float);
+}
+
+template <int NT>
+static void launch_shared(const Args& a, int W, int S, cudaStream_t st) {
+  const int tiles = (a.N + 15) / 16;
+  const size_t smem = shared_bytes<NT>(W, S);
+  CK(cudaFuncSetAttribute(gemv_tiles_shared<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  gemv_tiles_shared<NT><<<(tiles + W - 1) / W, 32 * W * S, smem, st>>>(a, W);
+}
+
+template <int NT>
+static double time_shared(const Layer& L, const __half* x, __half* y, int M, int W, int S, cudaStream_t st) {
+  return graph_time_us(st, 6, 3, [&](int i) { launch_shared<NT>(args_for(L, x, y, M, S, i % (int)L.qweight.size()), W, S, st); });
+}
+
 static double time_shipped(const Layer& L, const __half* x, __half* y, int M, cudaStream_t st) {
   return graph_time_us(st, 6, 3, [&](int i) {
     const int set = i % (int)L.qweight.size();
@@ -146,8 +258,8 @@ int main() {
   CK(cudaStreamCreate(&st));
   std::mt19937 rng(0);
   const int shapes[][2] = {{8192, 28672}, {8192, 8192}, {4096, 14336}};
-  printf("| K x N | M | shipped (ceil(M/8) launches) us | one read, NT = M/8 tiles: best S | us | rel. diff |\n");
-  printf("|---|---|---|---|---|---|\n");
+  printf("| K x N | M | shipped (ceil(M/8) launches) us | one read, NT = M/8 tiles: best S | us | rel. diff | x in shared memory: best W x S | us | rel. diff |\n");
+  printf("|---|---|---|---|---|---|---|---|---|\n");
   for (auto& sh : shapes) {
     Layer L;
     L.K = sh[0], L.N = sh[1];
@@ -204,7 +316,27 @@ int main() {
       std::vector<__half> r0((size_t)M * L.N), r1((size_t)M * L.N);
       CK(cudaMemcpy(r0.data(), y0, r0.size() * 2, cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(r1.data(), y1, r1.size() * 2, cudaMemcpyDeviceToHost));
-      printf("| %dx%d | %d | %.2f | S = %d | %.2f | %.1e |\n", L.K, L.N, M, shipped, best_s, best, rel_diff(r1, r0));
+      const double diff_tiles = rel_diff(r1, r0);
+      double best_sh = 1e30;
+      int bw = 0, bs = 0;
+      for (int W : {4, 8, 16}) {
+        for (int S2 : {1, 2, 4}) {
+          if (W * S2 > 16) continue;
+          const double t = M == 8 ? time_shared<1>(L, x, y1, M, W, S2, st)
+                         : M == 16 ? time_shared<2>(L, x, y1, M, W, S2, st)
+                                   : time_shared<4>(L, x, y1, M, W, S2, st);
+          if (t < best_sh) best_sh = t, bw = W, bs = S2;
+        }
+      }
+      const Args a2 = args_for(L, x, y1, M, bs, 0);
+      if (NT == 1) launch_shared<1>(a2, bw, bs, st);
+      if (NT == 2) launch_shared<2>(a2, bw, bs, st);
+      if (NT == 4) launch_shared<4>(a2, bw, bs, st);
+      CK(cudaGetLastError());
+      CK(cudaStreamSynchronize(st));
+      CK(cudaMemcpy(r1.data(), y1, r1.size() * 2, cudaMemcpyDeviceToHost));
+      printf("| %dx%d | %d | %.2f | S = %d | %.2f | %.1e | %d x %d | %.2f | %.1e |\n", L.K, L.N, M, shipped, best_s, best,
+             diff_tiles, bw, bs, best_sh, rel_diff(r1, r0));
     }
     for (auto* d : L.qweight) CK(cudaFree(d));
     CK(cudaFree(L.qzeros));
