@@ -29,6 +29,33 @@
 
 using namespace w4;
 
+// The shipped lean kernel's per-weight step for one k-block (its compute_one), each converted
+// weight fragment feeding NT n8 tiles of activations instead of one.
+template <int NT>
+__device__ __forceinline__ void convert_and_mma(const Block& b, const uint4 (&xv)[NT][4], float (&acc0)[NT][4],
+                                                float (&acc1)[NT][4]) {
+  const ZeroF16x8 zlo = row_zero(b.z & 0xF), zhi = row_zero(b.z >> 4);
+  const uint32_t slo = (b.s & 0xFFFFu) * 0x10001u, shi = (b.s >> 16) * 0x10001u;
+  const uint32_t wl[4] = {b.lo.x, b.lo.y, b.lo.z, b.lo.w};
+  const uint32_t wh[4] = {b.hi.x, b.hi.y, b.hi.z, b.hi.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t dl[4], dh[4];
+    u4x8_minus_zero_f16x8(wl[w], zlo, dl);
+    u4x8_minus_zero_f16x8(wh[w], zhi, dh);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      dl[i] = mul_f16x2(dl[i], slo);
+      dh[i] = mul_f16x2(dh[i], shi);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      mma_16816(acc0[j], dl[0], dh[0], dl[1], dh[1], xv[j][w].x, xv[j][w].y);
+      mma_16816(acc1[j], dl[2], dh[2], dl[3], dh[3], xv[j][w].z, xv[j][w].w);
+    }
+  }
+}
+
 template <int NT>
 __global__ void __launch_bounds__(512) gemv_tiles(const Args a) {
   extern __shared__ __align__(16) float part[];  // [S][NT][4][32]
@@ -49,26 +76,7 @@ __global__ void __launch_bounds__(512) gemv_tiles(const Args a) {
         xv[j][w] = (row < a.M && k0 < a.K) ? __ldg(x16 + ((size_t)row * a.K + k0) / 8) : make_uint4(0, 0, 0, 0);
       }
     }
-    const ZeroF16x8 zlo = row_zero(b[0].z & 0xF), zhi = row_zero(b[0].z >> 4);
-    const uint32_t slo = (b[0].s & 0xFFFFu) * 0x10001u, shi = (b[0].s >> 16) * 0x10001u;
-    const uint32_t wl[4] = {b[0].lo.x, b[0].lo.y, b[0].lo.z, b[0].lo.w};
-    const uint32_t wh[4] = {b[0].hi.x, b[0].hi.y, b[0].hi.z, b[0].hi.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t dl[4], dh[4];
-      u4x8_minus_zero_f16x8(wl[w], zlo, dl);
-      u4x8_minus_zero_f16x8(wh[w], zhi, dh);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        dl[i] = mul_f16x2(dl[i], slo);
-        dh[i] = mul_f16x2(dh[i], shi);
-      }
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        mma_16816(acc0[j], dl[0], dh[0], dl[1], dh[1], xv[j][w].x, xv[j][w].y);
-        mma_16816(acc1[j], dl[2], dh[2], dl[3], dh[3], xv[j][w].z, xv[j][w].w);
-      }
-    }
+    convert_and_mma<NT>(b[0], xv, acc0, acc1);
   }
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -141,26 +149,7 @@ __global__ void __launch_bounds__(512) gemv_tiles_shared(const Args a, int W) {
 #pragma unroll
         for (int w = 0; w < 4; ++w)
           xv[j][w] = *reinterpret_cast<const uint4*>(mine + (l.g + 8 * j) * kRowHalves + 32 * l.t + 8 * w);
-      const ZeroF16x8 zlo = row_zero(b[0].z & 0xF), zhi = row_zero(b[0].z >> 4);
-      const uint32_t slo = (b[0].s & 0xFFFFu) * 0x10001u, shi = (b[0].s >> 16) * 0x10001u;
-      const uint32_t wl[4] = {b[0].lo.x, b[0].lo.y, b[0].lo.z, b[0].lo.w};
-      const uint32_t wh[4] = {b[0].hi.x, b[0].hi.y, b[0].hi.z, b[0].hi.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        uint32_t dl[4], dh[4];
-        u4x8_minus_zero_f16x8(wl[w], zlo, dl);
-        u4x8_minus_zero_f16x8(wh[w], zhi, dh);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          dl[i] = mul_f16x2(dl[i], slo);
-          dh[i] = mul_f16x2(dh[i], shi);
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          mma_16816(acc0[j], dl[0], dh[0], dl[1], dh[1], xv[j][w].x, xv[j][w].y);
-          mma_16816(acc1[j], dl[2], dh[2], dl[3], dh[3], xv[j][w].z, xv[j][w].w);
-        }
-      }
+      convert_and_mma<NT>(b[0], xv, acc0, acc1);
     }
     __syncthreads();
   }
