@@ -179,10 +179,10 @@ def _headers(shards: _Shards, file: str) -> dict[str, TensorInfo]:
     from safetensors import SafetensorError, safe_open
 
     fd = shards.fd(file)
+    # through the checked descriptor, so the library reads the file that was checked
+    checked = Path(f"/proc/self/fd/{fd}")
     try:
-        # through the checked descriptor, so the library reads the file that was checked
-        with safe_open(f"/proc/self/fd/{fd}" if os.path.exists(f"/proc/self/fd/{fd}") else shards.root / file,
-                       framework="pt", device="cpu") as handle:
+        with safe_open(checked if checked.exists() else shards.root / file, framework="pt", device="cpu") as handle:
             infos = {}
             for name in handle.keys():
                 view = handle.get_slice(name)

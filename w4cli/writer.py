@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from w4cli.checkpoint import DTYPES
 from w4cli.console import byte_progress
 from w4cli.errors import UsageError
 
@@ -173,19 +174,8 @@ def plan_shards(tensors: list[OutputTensor], max_shard_size: int, provenance: di
     return ShardPlan(files, index, {**SHARD_METADATA, **provenance})
 
 
-# torch dtype -> safetensors dtype code
-SAFETENSORS_CODES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
+# torch dtype -> safetensors dtype code: what w4 reads, it writes
+SAFETENSORS_CODES = {dtype: code for code, dtype in DTYPES.items()}
 SHARD_METADATA = {"format": "pt"}  # transformers refuses shards without it
 
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 import torch
 
+from w4cli.contract import PACK
+
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # element j of the 8 channels sits in nibble AWQ_REVERSE_ORDER[j]
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-
-PACK = 8  # int4 codes per int32 word
 
 
 def _shifts(device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from w4cli.contract import GEMV_DTYPE, gemv_refusal
+from w4cli.contract import GEMV_DTYPE, PACK, gemv_refusal
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 
@@ -37,7 +37,6 @@ LAYOUT_VERSION = 1
 
 # nibble i of a word holds k-offset AWQ_ORDER[i] of its 8 consecutive k (same order as AWQ's N)
 AWQ_ORDER = awq_gemm.AWQ_ORDER
-PACK = 8  # codes per int32 word
 TILE_ROWS = 8  # output rows per qweight tile
 TILE_K = 128  # k per qweight tile (16 words)
 TILE_WORDS = TILE_K // PACK
