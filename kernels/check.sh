@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80 and sm_90 (no GPU needed), report
+# kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80, sm_90 and sm_90a (no GPU needed), report
 # registers and spills from ptxas (-Xptxas -v), and fail on any local-memory spill.
 # The .cu files are torch-free, so no torch include paths are needed; ops.cpp is not compiled here
-# (the JIT build in w4cli/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90)
+# (the JIT build in w4cli/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90 90a)
 # One line per file and arch (kernel count, most registers, spill bytes); V=1 lists every kernel
 # (registers, barriers, stack, spills). A failed compile or a spill always prints in full.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 command -v nvcc >/dev/null || { echo "check.sh: nvcc not found on PATH" >&2; exit 3; }
-archs=("$@"); [ ${#archs[@]} -gt 0 ] || archs=(80 90)
+archs=("$@"); [ ${#archs[@]} -gt 0 ] || archs=(80 90 90a)
 verbose="${V:-0}"; [ "$verbose" = 0 ] && verbose=""
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 status=0

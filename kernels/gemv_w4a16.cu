@@ -78,6 +78,7 @@
 #include <cstdint>
 
 #include "int4_convert.cuh"
+#include "tensor_core.cuh"
 #include "w4_kernels.h"
 
 namespace w4 {
@@ -86,44 +87,6 @@ namespace {
 constexpr int kMaxWarps = 16;  // per block; 16 * 32 threads * 128 registers = one SM's 64K
 constexpr int kMaxM = 8;       // mma n8: one column per token
 constexpr int kSmemPerWarp = 4 * 32 * sizeof(float);  // one warp's 16x8 fp32 partial tile
-
-// Weights are read exactly once: tell L2 to evict them first so that the activations, scales
-// and zeros (re-read by every row tile) stay resident. L1 is bypassed for the same reason.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ uint4 load_weight(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile(
-      "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(policy));
-  return v;
-}
-
-// fp16 A (row) x fp16 B (col) -> fp32, 16x8x16, accumulating into c in place.
-__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// One row's zero point, replicated into the pairs int4_convert.cuh's u4x8_minus_zero_f16x8
-// expects (all 8 codes of a word share the row's zero): (1024 + z) and -(64 + z) in fp16.
-// 1024 + z: exponent of 1024, z in the low mantissa bits (spacing 1 in [1024, 2048)).
-// 64 + z: spacing 1/16 in [64, 128), so z moves the mantissa by 16z; the sign bit negates.
-__device__ __forceinline__ ZeroF16x8 row_zero(uint32_t z) {
-  ZeroF16x8 r;
-  r.biased[0] = r.biased[1] = (0x6400u | z) * 0x10001u;
-  r.neg_high[0] = r.neg_high[1] = (0xD400u + (z << 4)) * 0x10001u;
-  return r;
-}
 
 // Everything one k-block needs from global memory except the activations.
 struct Block {

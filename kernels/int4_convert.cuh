@@ -131,6 +131,17 @@ __device__ __forceinline__ ZeroF16x8 prepare_zero_f16x8(uint32_t zw) {
   return z;
 }
 
+// One row's zero point, replicated into the pairs u4x8_minus_zero_f16x8 expects when all 8 codes
+// of a word share it (the w4-gemv layout packs along k): (1024 + z) and -(64 + z) in fp16.
+// 1024 + z: exponent of 1024, z in the low mantissa bits (spacing 1 in [1024, 2048)).
+// 64 + z: spacing 1/16 in [64, 128), so z moves the mantissa by 16z; the sign bit negates.
+__device__ __forceinline__ ZeroF16x8 row_zero(uint32_t z) {
+  ZeroF16x8 r;
+  r.biased[0] = r.biased[1] = (0x6400u | z) * 0x10001u;
+  r.neg_high[0] = r.neg_high[1] = (0xD400u + (z << 4)) * 0x10001u;
+  return r;
+}
+
 // 8 codes minus their zero points, as exact fp16 integers in -15..15, natural order pairs.
 // 1 shift + 4 lop3 + 2 sub + 2 fma per word.
 __device__ __forceinline__ void u4x8_minus_zero_f16x8(uint32_t w, const ZeroF16x8& z, uint32_t (&d)[4]) {

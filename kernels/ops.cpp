@@ -119,7 +119,7 @@ at::Tensor dequantize_awq(const at::Tensor& qweight, const at::Tensor& qzeros,
 
 }  // namespace
 
-// Defined in the gemv section at the end of this file.
+// Defined in the w4-gemv section at the end of this file.
 void register_gemv(py::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -130,11 +130,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_gemv(m);
 }
 
-// ---- gemv (w4 GEMV layout) ----
-// The GEMV binding: its checked wrapper(s) above register_gemv, and their m.def(...) inside it.
+// ---- gemv, batch and dequantize of the w4 GEMV layout ----
+// Their checked wrappers above register_gemv, and their m.def(...) inside it.
 namespace {
 
 constexpr int64_t kGemvMaxM = 8;
+constexpr int64_t kBatchMaxM = 64;
 
 void gemv_check_aligned16(const at::Tensor& t, const char* name) {
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, msg("gemv: ", name,
@@ -142,19 +143,15 @@ void gemv_check_aligned16(const at::Tensor& t, const char* name) {
               "offset?); call .clone() first"));
 }
 
-// x [M, K] fp16; qweight [N/8, ceil(K/128), 8, 16] int32 (w4-gemv); qzeros [K/G, N/8] int32;
-// scales [K/G, N] fp16; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic.
-at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
-                        const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
-                        int64_t splits) {
+struct LayerShape {
+  int64_t K, N, G;
+};
+
+// qweight [N/8, ceil(K/128), 8, 16] int32 (w4-gemv); qzeros [K/G, N/8] int32; scales [K/G, N] fp16.
+LayerShape check_layer(const at::Tensor& qweight, const at::Tensor& qzeros, const at::Tensor& scales,
+                       int64_t K) {
   TORCH_CHECK(qweight.is_cuda(), msg("gemv: qweight must be a CUDA tensor, got ", describe(qweight)));
   const at::Device device = qweight.device();
-  TORCH_CHECK(x.is_cuda() && x.device() == device, msg("gemv: x must be on ", device.str(),
-              " like qweight, got ", describe(x)));
-  TORCH_CHECK(x.dim() == 2, msg("gemv: x must be 2-D [M, K], got ", describe(x)));
-  TORCH_CHECK(x.scalar_type() == at::kHalf, msg("gemv: x must be float16, got ", describe(x)));
-  TORCH_CHECK(x.is_contiguous(), msg("gemv: x must be contiguous (row-major), got a strided ",
-              describe(x), "; call .contiguous() first"));
   TORCH_CHECK(qweight.scalar_type() == at::kInt && qweight.dim() == 4 && qweight.size(2) == 8 &&
                   qweight.size(3) == 16, msg("gemv: qweight must be int32 [N/8, ceil(K/128), 8, 16] (w4-gemv layout), got ",
               describe(qweight)));
@@ -165,17 +162,12 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
               describe(qzeros)));
   TORCH_CHECK(scales.scalar_type() == at::kHalf, msg("gemv: scales must be float16, got ",
               describe(scales)));
-
-  const int64_t M = x.size(0);
-  const int64_t K = x.size(1);
   const int64_t N = qweight.size(0) * 8;
   const int64_t groups = scales.size(0);
-  TORCH_CHECK(M <= kGemvMaxM, msg("gemv: x has M = ", M, " rows; the kernel takes at most ", kGemvMaxM,
-              " (w4cli.kernels.gemv splits larger batches)"));
-  TORCH_CHECK(N > 0 && K > 0, msg("gemv: empty weight or activations: x ", describe(x), ", qweight ",
+  TORCH_CHECK(N > 0 && K > 0, msg("gemv: empty weight or activations: K = ", K, ", qweight ",
               describe(qweight)));
   TORCH_CHECK(qweight.size(1) == (K + 127) / 128, msg("gemv: qweight ", describe(qweight),
-              " holds ceil(K/128) = ", qweight.size(1), " k-blocks but x has K = ", K,
+              " holds ceil(K/128) = ", qweight.size(1), " k-blocks but K = ", K,
               " (needs ", (K + 127) / 128, ")"));
   TORCH_CHECK(K % 8 == 0, msg("gemv: K = ", K, " must be a multiple of 8 (16-byte activation rows)"));
   TORCH_CHECK(scales.size(1) == N, msg("gemv: scales must be [K/G, N] = [*, ", N, "], got ",
@@ -189,29 +181,102 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
               " must be a multiple of 32 (or one group per row)"));
   TORCH_CHECK(K < (int64_t{1} << 21) && N < (int64_t{1} << 31), msg("gemv: K must be below 2^21 and N "
               "below 2^31, got K=", K, " N=", N));
-  TORCH_CHECK(splits >= 0 && splits <= 16, msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
-  gemv_check_aligned16(x, "x");
   gemv_check_aligned16(qweight, "qweight");
-  const void* bias_ptr = nullptr;
+  return {K, N, G};
+}
+
+// x [M, K] fp16 with max_m >= M; bias [N] fp16 or None -> the layer's shape and the bias pointer.
+LayerShape check_operands(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
+                          const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
+                          int64_t max_m, const char* who, const void** bias_ptr) {
+  TORCH_CHECK(qweight.is_cuda(), msg("gemv: qweight must be a CUDA tensor, got ", describe(qweight)));
+  const at::Device device = qweight.device();
+  TORCH_CHECK(x.is_cuda() && x.device() == device, msg("gemv: x must be on ", device.str(),
+              " like qweight, got ", describe(x)));
+  TORCH_CHECK(x.dim() == 2, msg("gemv: x must be 2-D [M, K], got ", describe(x)));
+  TORCH_CHECK(x.scalar_type() == at::kHalf, msg("gemv: x must be float16, got ", describe(x)));
+  TORCH_CHECK(x.is_contiguous(), msg("gemv: x must be contiguous (row-major), got a strided ",
+              describe(x), "; call .contiguous() first"));
+  TORCH_CHECK(x.size(0) <= max_m, msg(who, ": x has M = ", x.size(0), " rows; the kernel takes at most ",
+              max_m, " (w4cli.kernels.gemv splits larger batches)"));
+  const LayerShape shape = check_layer(qweight, qzeros, scales, x.size(1));
+  gemv_check_aligned16(x, "x");
+  *bias_ptr = nullptr;
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
     TORCH_CHECK(b.is_cuda() && b.device() == device, msg("gemv: bias must be on ", device.str(),
                 ", got ", describe(b)));
-    TORCH_CHECK(b.scalar_type() == at::kHalf && b.dim() == 1 && b.size(0) == N &&
-                    b.is_contiguous(), msg("gemv: bias must be a contiguous float16 [", N, "], got ", describe(b)));
-    bias_ptr = b.data_ptr();
+    TORCH_CHECK(b.scalar_type() == at::kHalf && b.dim() == 1 && b.size(0) == shape.N &&
+                    b.is_contiguous(), msg("gemv: bias must be a contiguous float16 [", shape.N, "], got ", describe(b)));
+    *bias_ptr = b.data_ptr();
   }
+  return shape;
+}
 
-  const c10::cuda::CUDAGuard guard(device);
-  at::Tensor y = at::empty({M, N}, x.options());
+// x [M, K] fp16, M <= 8; the layer; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic.
+at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
+                        const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
+                        int64_t splits) {
+  const void* bias_ptr = nullptr;
+  const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, kGemvMaxM, "gemv", &bias_ptr);
+  TORCH_CHECK(splits >= 0 && splits <= 16, msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
+  const int64_t M = x.size(0);
+  const c10::cuda::CUDAGuard guard(qweight.device());
+  at::Tensor y = at::empty({M, s.N}, x.options());
   if (M == 0) return y;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   const cudaError_t err = w4::launch_gemv_w4a16(
       x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
-      bias_ptr, y.data_ptr(), M, K, N, G, static_cast<int>(splits), stream);
+      bias_ptr, y.data_ptr(), M, s.K, s.N, s.G, static_cast<int>(splits), stream);
   TORCH_CHECK(err == cudaSuccess, msg("gemv: kernel launch failed: ", cudaGetErrorString(err),
-              " (M=", M, ", K=", K, ", N=", N, ", G=", G, ", splits=", splits, ")"));
+              " (M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G, ", splits=", splits, ")"));
   return y;
+}
+
+// x [M, K] fp16, M <= 64; the layer; bias -> y [M, N] fp16. splits, tiles: 0 = automatic.
+at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
+                              const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
+                              int64_t splits, int64_t tiles) {
+  const void* bias_ptr = nullptr;
+  const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, kBatchMaxM, "batch", &bias_ptr);
+  TORCH_CHECK(splits >= 0 && splits <= 64, msg("batch: splits must be 0 (automatic) .. 64, got ", splits));
+  gemv_check_aligned16(scales, "scales");  // copied to shared memory 16 bytes at a time
+  const int64_t M = x.size(0);
+  const c10::cuda::CUDAGuard guard(qweight.device());
+  at::Tensor y = at::empty({M, s.N}, x.options());
+  if (M == 0) return y;
+  w4::BatchPlan plan;
+  cudaError_t err = w4::plan_gemm_w4a16_batch(M, s.K, s.N, s.G, static_cast<int>(splits),
+                                              static_cast<int>(tiles), &plan);
+  TORCH_CHECK(err == cudaSuccess, msg("batch: no kernel for M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G,
+              ", splits=", splits, ", tiles=", tiles, ": ", cudaGetErrorString(err)));
+  at::Tensor partial, counters;
+  if (plan.splits > 1) {
+    partial = at::empty({plan.splits, M, s.N}, x.options().dtype(at::kFloat));
+    counters = at::zeros({plan.row_blocks}, x.options().dtype(at::kInt));
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
+  err = w4::launch_gemm_w4a16_batch(
+      x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr,
+      y.data_ptr(), plan.splits > 1 ? partial.data_ptr<float>() : nullptr,
+      plan.splits > 1 ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, stream);
+  TORCH_CHECK(err == cudaSuccess, msg("batch: kernel launch failed: ", cudaGetErrorString(err),
+              " (M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G, ", splits=", plan.splits, ")"));
+  return y;
+}
+
+// The layer -> its fp16 weight [N, K], bit-identical to w4_gemv.dequantize.
+at::Tensor dequantize_w4_gemv_impl(const at::Tensor& qweight, const at::Tensor& qzeros,
+                                   const at::Tensor& scales, int64_t K) {
+  const LayerShape s = check_layer(qweight, qzeros, scales, K);
+  const c10::cuda::CUDAGuard guard(qweight.device());
+  at::Tensor out = at::empty({s.N, s.K}, scales.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
+  const cudaError_t err = w4::launch_dequant_w4_gemv(qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(),
+                                                     scales.data_ptr(), out.data_ptr(), s.K, s.N, s.G, stream);
+  TORCH_CHECK(err == cudaSuccess, msg("dequantize_w4_gemv: kernel launch failed: ", cudaGetErrorString(err),
+              " (K=", s.K, ", N=", s.N, ", G=", s.G, ")"));
+  return out;
 }
 
 }  // namespace
@@ -221,4 +286,11 @@ void register_gemv(py::module_& m) {
         "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 8, fp16, fp32 sums",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("bias") = py::none(), py::arg("splits") = 0);
+  m.def("gemm_w4_batch", &gemm_w4_batch_impl,
+        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 64, one read of W",
+        py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
+        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0);
+  m.def("dequantize_w4_gemv", &dequantize_w4_gemv_impl,
+        "w4-gemv layer -> fp16 weight [N, K], bit-exact", py::arg("qweight"), py::arg("qzeros"),
+        py::arg("scales"), py::arg("k"));
 }

@@ -34,4 +34,30 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
                               int64_t N, int64_t G, int splits, cudaStream_t stream);
 
+// ---- batch (w4 GEMV layout, M = 9..64), kernels/gemm_w4a16_batch.cu ----
+//
+// Same operands and result as launch_gemv_w4a16, for 1 <= M <= 64 in one read of the weight.
+// plan_gemm_w4a16_batch picks the row tiles per warp (`tiles`, 0 = by M) and the split-K count
+// (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix them to cover each);
+// the caller then provides, when plan.splits > 1, partial [splits, M, N] fp32 and counters
+// [plan.row_blocks] int32 zeroed (the kernel leaves them zeroed). Both return
+// cudaErrorInvalidValue for arguments they cannot handle.
+struct BatchPlan {
+  int splits, kb_per_split, row_blocks, rows, tiles;
+};
+cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
+                                  BatchPlan* plan);
+cudaError_t launch_gemm_w4a16_batch(const void* x, const int32_t* qweight, const int32_t* qzeros,
+                                    const void* scales, const void* bias, void* y, float* partial,
+                                    int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
+                                    const BatchPlan& plan, cudaStream_t stream);
+
+// ---- dequantize (w4 GEMV layout), kernels/dequant_w4_gemv.cu ----
+//
+// qweight [N/8, ceil(K/128), 8, 16] int32, qzeros [K/G, N/8] int32, scales [K/G, N] fp16 ->
+// out [N, K] fp16, out[n, k] = fp16((q - z) * s), bit-identical to w4_gemv.dequantize.
+// Requires K % 8 == 0, N % 8 == 0, K % G == 0, G % 8 == 0 or G == K, K < 2^21, N < 2^31.
+cudaError_t launch_dequant_w4_gemv(const int32_t* qweight, const int32_t* qzeros, const void* scales,
+                                   void* out, int64_t K, int64_t N, int64_t G, cudaStream_t stream);
+
 }  // namespace w4

@@ -47,19 +47,20 @@ def check(tmp_path):
 def test_one_line_per_file_and_arch(check):
     code, lines = check(LOG.read_text())
     assert code == 0
-    assert len(lines) == 2 * 2 + 1, lines
-    assert lines[:2] == [
+    assert len(lines) == 2 * 3 + 1, lines
+    assert lines[:3] == [
         f"a.cu                 sm_80  {KERNELS_IN_LOG} kernels, registers max 128, spills 0 bytes",
         f"a.cu                 sm_90  {KERNELS_IN_LOG} kernels, registers max 128, spills 0 bytes",
+        f"a.cu                 sm_90a  {KERNELS_IN_LOG} kernels, registers max 128, spills 0 bytes",
     ]
-    assert lines[-1] == "check.sh: all kernels compiled for sm_80 90, no spills"
+    assert lines[-1] == "check.sh: all kernels compiled for sm_80 90 90a, no spills"
 
 
 def test_v1_lists_every_kernel(check):
     code, lines = check(LOG.read_text(), verbose="1")
     assert code == 0
-    assert len(lines) == 2 * 2 * KERNELS_IN_LOG + 1, lines
-    assert sum("128 registers" in line for line in lines) == 2 * 2
+    assert len(lines) == 2 * 3 * KERNELS_IN_LOG + 1, lines
+    assert sum("128 registers" in line for line in lines) == 2 * 3
 
 
 def test_a_spill_fails_and_is_shown_in_full(check):
@@ -78,4 +79,4 @@ def test_a_failed_compile_prints_the_whole_log(check):
     code, lines = check(log, nvcc_exit=2)
     assert code == 1
     assert lines[0] == "FAIL compile a.cu sm_80"
-    assert lines.count("note: detail") == 30 * 4
+    assert lines.count("note: detail") == 30 * 6  # 2 files x 3 archs

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from w4cli.contract import GEMV_MAX_M, OUT_DTYPES
+from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, OUT_DTYPES
 from w4cli.errors import EnvironmentUnavailable
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -261,7 +261,22 @@ def dequantize_awq(
     return load().dequantize_awq(qweight, qzeros, scales, dtype, bool(transpose))
 
 
-# ---- gemv (w4 GEMV layout) ----
+# ---- the w4 GEMV layout: one linear layer, y = x @ W^T (+ bias), by batch size ----
+
+
+def gemv_path(m: int) -> str:
+    """The kernel `gemv` runs for M rows of activations, in words (what `w4 gemv` and `w4 bench` print):
+    "gemv" (M <= 8: the GEMV, one launch), "batch" (M <= 64: the batch kernel, one read of the
+    weight), "batch xC" (C launches of at most 64 rows, each reading the weight), or
+    "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul). The limits are
+    contract.py's, measured on the H100 (docs/performance.md)."""
+    if m <= GEMV_MAX_M:
+        return "gemv"
+    if m <= BATCH_MAX_M:
+        return "batch"
+    if m <= BATCH_CHUNKED_MAX_M:
+        return f"batch x{-(-m // BATCH_MAX_M)}"
+    return "dequant+cuBLAS"
 
 
 # x [M, K] fp16; qweight [N/8, ceil(K/128), 8, 16] int32; qzeros [K/G, N/8] int32;
@@ -274,7 +289,7 @@ def gemv(
     meta: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y = x @ W^T (+ bias) for one linear in the w4-gemv layout (w4cli.formats.w4_gemv).
+    """y = x @ W^T (+ bias) for one linear in the w4-gemv layout (w4cli.formats.w4_gemv), any M.
 
     Args:
         x: [M, K] float16 activations (a 1-D [K] vector is taken as M = 1 and returns [N]).
@@ -282,30 +297,49 @@ def gemv(
         meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
-    M <= GEMV_MAX_M (8) is one launch; larger M is computed 8 rows at a time (each launch re-reads the whole
-    weight, so M = 16 costs about two M = 8 calls: use a GEMM for prefill-sized M).
-    Matches w4_gemv.gemv_reference(x, ...) within w4cli.checks' bound (G % 128 == 0 applies the
-    scale in fp32 after the mma, skipping the weight's fp16 rounding), bit for bit on exact data.
+    The kernel is chosen by M (`gemv_path`). Every path matches w4_gemv.gemv_reference(x, ...)
+    within w4cli.checks' bound, and the two fused kernels give it bit for bit on exact data (the
+    GEMV's scale-after-mma path with G % 128 == 0 and K >= 4096 skips the weight's fp16 rounding:
+    kernels/gemv_w4a16.cu says why). Deterministic: the same inputs give the same bits on every run.
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
     binding's checks, one readable line) for bad tensors.
     """
     del meta
-    return _launch_gemv(x, qweight, qzeros, scales, bias, splits=0)
+    if x.dim() == 1:
+        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias).squeeze(0)
+    mod = load()
+    path = gemv_path(x.shape[0]) if x.dim() == 2 else "gemv"  # the binding refuses other shapes
+    if path == "gemv":
+        return mod.gemv_w4(x, qweight, qzeros, scales, bias, 0)
+    if path.startswith("batch") and scales.data_ptr() % 16:
+        scales = scales.clone()  # the batch kernel copies scales 16 bytes at a time
+    if path == "batch":
+        return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0)
+    if path.startswith("batch"):
+        return torch.cat([mod.gemm_w4_batch(x[i : i + BATCH_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0, 0)
+                          for i in range(0, x.shape[0], BATCH_MAX_M)], dim=0)
+    weight = mod.dequantize_w4_gemv(qweight, qzeros, scales, x.shape[1])
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+# qweight [N/8, ceil(K/128), 8, 16] int32; qzeros [K/G, N/8] int32; scales [K/G, N] fp16 -> [N, K] fp16
+def dequantize_w4_gemv(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tensor:
+    """The layer's fp16 weight [N, K] (nn.Linear layout) on the GPU, bit-identical to
+    w4_gemv.dequantize(..., torch.float16); K = in_features (qweight holds it rounded up to 128)."""
+    return load().dequantize_w4_gemv(qweight, qzeros, scales, int(k))
 
 
 def _gemv_splits(x: torch.Tensor, *, splits: int, **layer: torch.Tensor | None) -> torch.Tensor:
-    """`gemv(x, **layer)` with the warps per 16-row tile (split-K) fixed to `splits` (1..16; 0 =
-    chosen from the occupancy, as `gemv` does). Not for users: the automatic choice depends on the
-    GPU, so the tests fix it to cover every split's reduction, and dev/bench_gemv.py sweeps it."""
-    return _launch_gemv(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"), splits=splits)
+    """The GEMV kernel alone (M <= 8) with the warps per 16-row tile (split-K) fixed to `splits`
+    (1..16; 0 = chosen from the occupancy, as `gemv` does). Not for users: the automatic choice
+    depends on the GPU, so the tests fix it to cover every split's reduction, and dev/bench_gemv.py
+    sweeps it."""
+    return load().gemv_w4(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"), int(splits))
 
 
-def _launch_gemv(x, qweight, qzeros, scales, bias, *, splits: int) -> torch.Tensor:
-    mod = load()
-    if x.dim() == 1:
-        return _launch_gemv(x.unsqueeze(0), qweight, qzeros, scales, bias, splits=splits).squeeze(0)
-    if x.dim() == 2 and x.shape[0] > GEMV_MAX_M:
-        parts = [mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, int(splits))
-                 for i in range(0, x.shape[0], GEMV_MAX_M)]
-        return torch.cat(parts, dim=0)
-    return mod.gemv_w4(x, qweight, qzeros, scales, bias, int(splits))
+def _batch(x: torch.Tensor, *, splits: int = 0, tiles: int = 0, **layer: torch.Tensor | None) -> torch.Tensor:
+    """The batch kernel alone (M <= 64) with its split-K count and 16-row tiles per warp fixed
+    (0 = chosen as `gemv` does). Not for users: the tests fix them to cover every reduction and
+    tile edge, and dev/bench_batch.py sweeps them."""
+    return load().gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"),
+                                int(splits), int(tiles))

@@ -1,4 +1,5 @@
-"""`w4 gemv`: run w4's W4A16 GEMV kernel on checkpoint layers or a random shape, check every output
+"""`w4 gemv`: run w4's W4A16 kernels (the one w4cli.kernels.gemv picks for the batch size, named in
+the table's "kernel" column) on checkpoint layers or a random shape, check every output
 against the float64 reference (w4cli/checks.py), then time it (w4cli/bench/cases.py). Correctness
 gates speed: a layer whose output is outside the bound gets no time."""
 
@@ -26,6 +27,7 @@ class GemvResult:
     group_size: int
     batch: int
     device: str  # "cuda": the kernel ran; "cpu": the reference alone
+    kernel: str | None = None  # the path w4cli.kernels.gemv took at this M (kernels.gemv_path)
     max_abs_err: float | None = None
     rel_err: float | None = None
     worst_err_over_bound: float | None = None
@@ -113,9 +115,10 @@ def _check_layer(name: str, layer: dict, bias, batch: int, seed: int, device: st
         w4_gemv.gemv_reference(x, *(layer[s] for s in w4_gemv.TENSOR_NAMES), bias=bias)
         return result
 
-    from w4cli import timing
+    from w4cli import kernels, timing
     from w4cli.bench import cases
 
+    result.kernel = kernels.gemv_path(batch)
     on_gpu = cases.CheckpointLayer(layer, bias, seed)
     case = cases.W4_GEMV_KERNEL.case(on_gpu, batch)
     args = case.inputs(0)
@@ -144,12 +147,12 @@ def _render(results: list[GemvResult], device: str) -> None:
         console.stdout.print(table)
         return
     table = Table(title="w4 gemv (kernel on cuda)", title_justify="left")
-    for column in ("layer", "K x N", "G", "M", "max abs err", "rel err (norm)", "err / bound", "result", "median us", "GB/s", "% of copy"):
+    for column in ("layer", "K x N", "G", "M", "kernel", "max abs err", "rel err (norm)", "err / bound", "result", "median us", "GB/s", "% of copy"):
         table.add_column(column, justify="left" if column == "layer" else "right")
     for r in results:
         verdict = "[green]pass[/]" if r.passed else "[bold red]FAIL[/]"
         table.add_row(
-            Text(console.printable(r.layer)), f"{r.k}x{r.n}", str(r.group_size), str(r.batch),
+            Text(console.printable(r.layer)), f"{r.k}x{r.n}", str(r.group_size), str(r.batch), r.kernel or "-",
             _fmt(r.max_abs_err, ".3g"), _fmt(r.rel_err, ".3g"), _fmt(r.worst_err_over_bound, ".3f"),
             verdict, _fmt(r.median_us, ".2f") + ("" if r.cold_l2 is not False else " *"),
             _fmt(r.gbps, ",.0f"), _fmt(r.pct_of_copy, ".1f"),
@@ -165,7 +168,7 @@ def gemv(
                                                   metavar="MODEL", parser=not_empty)] = None,
     layer: Annotated[Optional[list[str]], typer.Option("--layer", help="Layer prefix or glob (repeatable); default: every quantized layer.")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="KxN of a random layer instead of MODEL (repeatable).")] = None,
-    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M ({contract.GEMV_MAX_M} or fewer run in one launch).")] = 1,
+    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M. The kernel follows M: up to {contract.GEMV_MAX_M} the GEMV, up to {contract.BATCH_MAX_M} the batch kernel (one read of the weight), up to {contract.BATCH_CHUNKED_MAX_M} the batch kernel per {contract.BATCH_MAX_M} rows, beyond that dequantize + cuBLAS.")] = 1,
     group: Annotated[int, typer.Option("--group", help="Group size for --shape (-1: one group).")] = 128,
     seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for activations and random weights.")] = 0,
     time_it: Annotated[bool, typer.Option("--time/--no-time", help="Time each layer that passes.")] = True,

@@ -16,7 +16,7 @@ import torch
 
 from w4cli.checks import Mismatch, gemv_errors, require_identical
 from w4cli.checkpoint import CONFIG, Checkpoint, open_checkpoint, read_json
-from w4cli.contract import GEMV_MAX_M
+from w4cli.contract import CHECKED_BATCHES, checked_batches_text
 from w4cli.dequantize import awq_tensors, cpu_dequantizer
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
@@ -114,9 +114,9 @@ def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], s
             glayer = {k: v.cuda() for k, v in w4.items()}
             w16 = w4_gemv.dequantize(**glayer, dtype=torch.float16)
             gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
-            x = torch.randn(GEMV_MAX_M, layer.in_features, generator=gen).half().cuda()
+            x = torch.randn(max(CHECKED_BATCHES), layer.in_features, generator=gen).half().cuda()
             try:
-                for m in range(1, GEMV_MAX_M + 1):
+                for m in CHECKED_BATCHES:
                     xm = x[:m].contiguous()
                     try:
                         worst = max(worst, gemv_errors(gpu.kernels.gemv(xm, **glayer), xm, w16).require().worst_over_bound)
@@ -131,7 +131,7 @@ def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], s
         if checked == 0:
             raise Mismatch(f"no layer could run through the GEMV kernel: {skipped[0]}")
         note = f"; {len(skipped)} layers not GEMV-able, first {skipped[0]}" if skipped else ""
-        return f"{checked} layers within bound at M=1..{GEMV_MAX_M} (worst err/bound {worst:.3f}){note}"
+        return f"{checked} layers within bound at M={checked_batches_text()} (worst err/bound {worst:.3f}){note}"
 
     return body
 
@@ -143,7 +143,7 @@ COMPARED = {
     "plain tensors": "every unquantized float tensor finite",
     "nibbles": "packed codes legal (w4-gemv: padding beyond K is 0)",
     "gpu dequantize": "kernels.dequantize_awq vs CPU reference, every layer, fp16; raw bits",
-    "gpu gemv": "kernels.gemv (AWQ repacked in memory) vs float64 reference, every layer, M=1..8, bound",
+    "gpu gemv": f"kernels.gemv (AWQ repacked in memory) vs float64 reference, every layer, M={checked_batches_text()} (every kernel path), bound",
 }
 
 

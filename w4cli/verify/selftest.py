@@ -12,9 +12,9 @@ Per shape (K = in_features, N = out_features, G = group size), with words drawn 
     gpu dequantize   kernels.dequantize_awq vs the CPU reference, every dtype and output layout,
                      from AWQ tensors and from w4-gemv tensors (to_awq on the GPU), raw bits
     gpu repack       repack_from_awq / to_awq on the GPU == on the CPU, word for word
-    gpu gemv exact   kernels.gemv, M = 1..8, x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
+    gpu gemv exact   kernels.gemv, M = 1..8, 16, 64, 65, 129 (every kernel path), x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
                      grid: every fp32 sum is exact, so out == fp32 reference rounded once, bit for bit
-    gpu gemv random  kernels.gemv, M = 1..8, normal x, real-checkpoint scales: inside the bound of
+    gpu gemv random  kernels.gemv, the same M, normal x, real-checkpoint scales: inside the bound of
                      w4cli/checks.py against a float64 reference; two runs bit-identical
 
 Shapes the GEMV kernel cannot take (K % 8, G neither a multiple of 32 nor K) get the dequantize
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from w4cli.checks import Mismatch, gemv_errors, raw_bits, require_identical
-from w4cli.contract import GEMV_MAX_M, OUT_DTYPES, gemv_refusal
+from w4cli.contract import CHECKED_BATCHES, GEMV_MAX_M, OUT_DTYPES, checked_batches_text, gemv_refusal
 from w4cli.dequantize import DTYPES
 from w4cli.formats import awq_gemm, w4_gemv
 from w4cli.verify.environment import Gpu
@@ -122,14 +122,14 @@ def gemv_awq(shape: Shape, seed: int, exact: bool) -> tuple[torch.Tensor, torch.
     return awq_gemm.random_layer(shape.k, shape.n, shape.g, _generator(seed, shape, 2 if exact else 3), signed_exp2)
 
 
-# -> x [GEMV_MAX_M, K] fp16 and bias [N] fp16; exact: x in {-1, 0, 1}, bias on a 2^-6 grid
+# -> x [max(CHECKED_BATCHES), K] fp16 and bias [N] fp16; exact: x in {-1, 0, 1}, bias on a 2^-6 grid
 def activations(shape: Shape, seed: int, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     gen = _generator(seed, shape, 4 if exact else 5)
     if exact:
-        x = torch.randint(-1, 2, (GEMV_MAX_M, shape.k), generator=gen).half()
+        x = torch.randint(-1, 2, (max(CHECKED_BATCHES), shape.k), generator=gen).half()
         bias = (torch.randint(-64, 64, (shape.n,), generator=gen) * 2.0**-6).half()
     else:
-        x = torch.randn(GEMV_MAX_M, shape.k, generator=gen).half()
+        x = torch.randn(max(CHECKED_BATCHES), shape.k, generator=gen).half()
         bias = torch.randn(shape.n, generator=gen).half()
     return x, bias
 
@@ -253,6 +253,7 @@ def _ref_gemv(shape: Shape, seed: int) -> Callable[[], str]:
     def body() -> str:
         qw, qz, s = gemv_awq(shape, seed, exact=True)
         x, bias = activations(shape, seed, exact=True)
+        x = x[:GEMV_MAX_M]  # the reference's arithmetic is the same at every M; the CPU time is not
         blocks = ref_blocks(shape)
         for words in blocks:
             bq, bz, bs = block_of(qw, qz, s, words)
@@ -310,11 +311,11 @@ def _gpu_gemv_exact(kernels, shape: Shape, seed: int) -> Callable[[], str]:
         want = w4_gemv.gemv_reference(x, **layer, bias=bias).half()  # every fp32 sum is exact: rounds once
         glayer = {k: v.cuda() for k, v in layer.items()}
         gx, gb = x.cuda(), bias.cuda()
-        for m in range(1, GEMV_MAX_M + 1):
+        for m in CHECKED_BATCHES:
             out = kernels.gemv(gx[:m].contiguous(), **glayer, bias=gb)
             # + 0 maps -0.0 to +0.0: the one sign difference a different exact summation order makes
             require_identical(raw_bits(out.cpu() + 0), raw_bits(want[:m] + 0), f"M={m}", "kernel", "reference")
-        return f"M=1..{GEMV_MAX_M} bit-identical to the fp32 reference rounded once"
+        return f"M={checked_batches_text()} bit-identical to the fp32 reference rounded once"
 
     return body
 
@@ -327,7 +328,7 @@ def _gpu_gemv_random(kernels, shape: Shape, seed: int) -> Callable[[], str]:
         w16 = w4_gemv.dequantize(**glayer, dtype=torch.float16)  # the weights the kernel multiplies
         gx, gb = x.cuda(), bias.cuda()
         runs = []
-        for m in range(1, GEMV_MAX_M + 1):
+        for m in CHECKED_BATCHES:
             xm = gx[:m].contiguous()
             out = kernels.gemv(xm, **glayer, bias=gb)
             try:
@@ -336,7 +337,7 @@ def _gpu_gemv_random(kernels, shape: Shape, seed: int) -> Callable[[], str]:
                 raise Mismatch(f"M={m}: {exc}") from None
             again = kernels.gemv(xm, **glayer, bias=gb)
             require_identical(again, out, f"M={m} second run", "run 2", "run 1")
-        return (f"M=1..{GEMV_MAX_M} within bound (worst err/bound {max(e.worst_over_bound for e in runs):.3f}); "
+        return (f"M={checked_batches_text()} within bound (worst err/bound {max(e.worst_over_bound for e in runs):.3f}); "
                 f"max|err| {max(e.max_abs_err for e in runs):.3g}, mean-rel {max(e.mean_rel_err for e in runs):.3g}, "
                 f"SQNR {min(e.sqnr_db for e in runs):.1f} dB; deterministic")
 

@@ -1,0 +1,74 @@
+"""Sweep the batch kernel's settings (16-row tiles per warp, split-K count) against fp16 cuBLAS,
+the GEMV at M = 8 and the automatic choice, in one run, with w4cli/timing.py (the bench's method).
+
+    PYTHONPATH=. python3 dev/bench_batch.py [--m 16,32,64] [--shapes 8192x28672,...] [--splits 1,2,4,8]
+
+Prints one line per measurement and, per (shape, M), the best setting against the automatic one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from w4cli import kernels, timing
+from w4cli.bench import cases
+
+SHAPES = "8192x8192,8192x28672,28672x8192,4096x14336,14336x4096"
+
+
+def run_case(name, layer, m, run, copy):
+    case = cases.Case(name, lambda i: (layer.x(m, i), *layer.gemv(i), None), run,
+                      lambda out, args: cases.w4_gemv_errors(layer, out, args).require(),
+                      cases.W4_GEMV_KERNEL.bytes_moved(layer.k, layer.n, m, layer.group))
+    try:
+        return case.measure(copy)
+    except Exception as exc:  # noqa: BLE001 - one failed setting must not end the sweep
+        print(f"{name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="16,32,64")
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--splits", default="1,2,3,4,6,8")
+    ap.add_argument("--tiles", default="1,2,4")
+    args = ap.parse_args()
+    kernels.load()
+    copy = timing.copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M')}, copy {copy.gbps:.0f} GB/s", flush=True)
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        layer = cases.Layer(k, n, 128, seed=1)
+        fp16 = {}
+        for m in [8] + [int(v) for v in args.m.split(",")]:
+            fp = cases.FP16_CUBLAS.case(layer, m).measure(copy)
+            fp16[m] = fp.median_us
+            auto = run_case(f"{shape} M={m} auto", layer, m, lambda x, qw, qz, s, b: kernels.gemv(x, qw, qz, s, bias=b), copy)
+            if auto is None:
+                continue
+            line = f"{shape} M={m}: fp16 {fp.median_us:.2f}  auto[{kernels.gemv_path(m)}] {auto.median_us:.2f} ({fp.median_us / auto.median_us:.2f}x, {auto.pct_of_copy:.0f}% copy)"
+            print(line, flush=True)
+            if m <= 8:
+                continue
+            best = None
+            for tiles in (int(v) for v in args.tiles.split(",")):
+                for splits in [0] + [int(v) for v in args.splits.split(",")]:
+                    t = run_case(f"{shape} M={m} tiles={tiles} splits={splits}", layer, m,
+                                 lambda x, qw, qz, s, b, tiles=tiles, splits=splits: kernels._batch(
+                                     x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits, tiles=tiles), copy)
+                    if t is None:
+                        continue
+                    print(f"    tiles={tiles} splits={splits}: {t.median_us:.2f} us ({fp.median_us / t.median_us:.2f}x, {t.pct_of_copy:.0f}% copy)", flush=True)
+                    if best is None or t.median_us < best[0]:
+                        best = (t.median_us, tiles, splits)
+            if best:
+                print(f"  best {shape} M={m}: tiles={best[1]} splits={best[2]} {best[0]:.2f} us ({fp.median_us / best[0]:.2f}x) vs auto {auto.median_us:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

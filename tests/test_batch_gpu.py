@@ -1,0 +1,172 @@
+"""The batch kernel (kernels/gemm_w4a16_batch.cu, M = 9..64 in one read of the weight), the GPU
+dequantize of the w4-gemv layout (kernels/dequant_w4_gemv.cu) and the paths w4cli.kernels.gemv picks
+by M, against the pure-torch reference: exact bits where the arithmetic is exact, the bound of
+w4cli/checks.py elsewhere, every split-K reduction and row tiling, tile tails, determinism.
+
+Run: pytest -m gpu tests/test_batch_gpu.py   (builds the kernels on first use, about a minute)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M
+from w4cli.formats import w4_gemv
+from test_gemv_gpu import DEV, activations, assert_close, assert_exact, bits, full_range_words, make_layer
+
+pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
+
+
+def exact_bias(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    return (torch.randint(-64, 64, (n,), generator=gen, device=DEV) * 2.0**-6).half()
+
+
+# every M the issue names, through the public entry (gemv, batch, batch xC and dequant+cuBLAS);
+# K = 4224 is 33 k-blocks, N = 1032 ends in a half-empty 16-row tile inside a partial row block
+@pytest.mark.parametrize("m", [9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 256, 300])
+def test_exact_every_batch_size_with_bias(kernels, m):
+    k, n, g = 4224, 1032, 128
+    layer = make_layer(k, n, g, seed=m, exact=True)
+    x = activations(m, k, seed=200 + m, exact=True)
+    bias = exact_bias(n, m)
+    out = kernels.gemv(x, **layer, bias=bias)
+    assert out.shape == (m, n) and out.dtype == torch.float16
+    assert_exact(out, w4_gemv.gemv_reference(x, **layer, bias=bias))
+
+
+def test_paths_by_batch_size(kernels):
+    assert kernels.gemv_path(GEMV_MAX_M) == "gemv"
+    assert kernels.gemv_path(GEMV_MAX_M + 1) == "batch"
+    assert kernels.gemv_path(BATCH_MAX_M) == "batch"
+    assert kernels.gemv_path(BATCH_MAX_M + 1) == "batch x2"
+    assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1) == "dequant+cuBLAS"
+
+
+# (K, N, G): groups of 32, 64, 128, 256 and one group; K % 128 != 0 (a partial last k-block,
+# activations past K never read); N % 16 == 8; N below one row block and above several
+SHAPES = [
+    (4096, 1032, 32),
+    (2304, 136, 64),
+    (8192, 520, 128),
+    (4352, 264, 256),
+    (4160, 40, 4160),
+    (200, 56, 200),
+    (1000, 8, 1000),
+    (1152, 2056, 128),
+]
+
+
+@pytest.mark.parametrize("k,n,g", SHAPES)
+@pytest.mark.parametrize("m,tiles", [(9, 2), (16, 2), (24, 1), (31, 2), (40, 1), (64, 2)])
+def test_exact_every_tiling_and_split(kernels, k, n, g, m, tiles):
+    layer = make_layer(k, n, g, seed=k + n + m, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    bias = exact_bias(n, k)
+    ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
+    kblocks = -(-k // 128)
+    for splits in sorted({1, 2, 3, 7, kblocks}):
+        out = kernels._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles)
+        assert_exact(out, ref)
+
+
+REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
+
+
+@pytest.mark.parametrize("k,n", REAL)
+@pytest.mark.parametrize("m", [16, 48, 64, 200])
+def test_random_real_shapes(kernels, k, n, m):
+    layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
+    x = activations(m, k, seed=m, exact=False)
+    bias = torch.randn(n, device=DEV).half() if m == 48 else None
+    assert_close(kernels.gemv(x, **layer, bias=bias), x, layer, bias)
+
+
+@pytest.mark.parametrize("m", [16, 64])
+def test_deterministic_with_splits(kernels, m):
+    # the split-K partials are added in split order whichever block arrives last
+    layer = make_layer(8192, 1024, 128, seed=3, exact=False)
+    x = activations(m, 8192, seed=3, exact=False)
+    for splits in (0, 5, 16):
+        first = kernels._batch(x, **layer, splits=splits)
+        for _ in range(5):
+            assert torch.equal(bits(kernels._batch(x, **layer, splits=splits)), bits(first))
+
+
+def test_every_output_written(kernels):
+    layer = make_layer(512, 264, 64, seed=4, exact=True)
+    x = activations(37, 512, seed=4, exact=True)
+    ref = w4_gemv.gemv_reference(x, **layer)
+    for splits in (1, 3):
+        for _ in range(3):
+            poison = torch.full((37, 264), float("nan"), dtype=torch.float16, device=DEV)
+            del poison
+            assert_exact(kernels._batch(x, **layer, splits=splits), ref)
+
+
+def test_cuda_graph_capture_with_splits(kernels):
+    # the split-K counters are allocated zeroed inside the capture (a memset node) on every replay
+    layer = make_layer(4096, 520, 128, seed=5, exact=True)
+    ref = None
+    x = activations(20, 4096, seed=5, exact=True)
+    kernels._batch(x, **layer, splits=4)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels._batch(x, **layer, splits=4)
+    ref = w4_gemv.gemv_reference(x, **layer)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_exact(out, ref)
+
+
+@pytest.mark.parametrize("k,n,g", [(32, 8, 32), (200, 56, 200), (4160, 40, 4160), (2304, 136, 64), (8192, 1032, 128)])
+def test_gpu_dequantize_bit_exact(kernels, k, n, g):
+    layer = make_layer(k, n, g, seed=k + n, exact=False)
+    want = w4_gemv.dequantize(**layer, dtype=torch.float16)
+    got = kernels.dequantize_w4_gemv(layer["qweight"], layer["qzeros"], layer["scales"], k)
+    assert got.shape == (n, k) and got.dtype == torch.float16
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_gpu_dequantize_extreme_scales(kernels):
+    # subnormal and overflowing products: one rounding of the exact (q - z) * s, like the reference
+    k, n, g = 256, 64, 32
+    layer = make_layer(k, n, g, seed=11, exact=True)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    pick = torch.tensor([2.0**-24, 2.0**-14, 3.0 * 2.0**-20, 65504.0, -60000.0, 4400.0, -2.0**-24, 1.0], device=DEV)
+    layer["scales"] = pick[torch.randint(0, 8, (k // g, n), generator=gen, device=DEV)].half()
+    layer["qweight"] = full_range_words(layer["qweight"].shape, gen)
+    want = w4_gemv.dequantize(**layer, dtype=torch.float16)
+    got = kernels.dequantize_w4_gemv(layer["qweight"], layer["qzeros"], layer["scales"], k)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_unaligned_scales_take_every_path(kernels):
+    k, n, g = 1024, 48, 128
+    layer = make_layer(k, n, g, seed=9, exact=True)
+    store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
+    odd = store[1:].view(k // g, n)
+    odd.copy_(layer["scales"])
+    shifted = dict(layer, scales=odd)
+    for m in (3, 20, 100, 300):
+        x = activations(m, k, seed=m, exact=True)
+        assert_exact(kernels.gemv(x, **shifted), w4_gemv.gemv_reference(x, **layer))
+
+
+def test_binding_messages(kernels):
+    layer = make_layer(256, 32, 64, seed=0, exact=True)
+    mod = kernels.load()
+    x = activations(65, 256, seed=0, exact=True)
+    with pytest.raises(RuntimeError, match="at most 64"):
+        mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0)
+    with pytest.raises(RuntimeError, match="splits"):
+        mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 65, 0)
+    with pytest.raises(RuntimeError, match="no kernel"):
+        mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 3)
+    store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
+    odd = store[1:].view(layer["scales"].shape)
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], odd, None, 0, 0)
