@@ -50,7 +50,7 @@ def main() -> int:
             auto = run_case(f"{shape} M={m} auto", layer, m, lambda x, qw, qz, s, b: kernels.gemv(x, qw, qz, s, bias=b), copy)
             if auto is None:
                 continue
-            line = f"{shape} M={m}: fp16 {fp.median_us:.2f}  auto[{kernels.gemv_path(m)}] {auto.median_us:.2f} ({fp.median_us / auto.median_us:.2f}x, {auto.pct_of_copy:.0f}% copy)"
+            line = f"{shape} M={m}: fp16 {fp.median_us:.2f}  auto[{kernels.gemv_path(m, k, n)}] {auto.median_us:.2f} ({fp.median_us / auto.median_us:.2f}x, {auto.pct_of_copy:.0f}% copy)"
             print(line, flush=True)
             if m <= 8:
                 continue

@@ -64,6 +64,7 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRunSlots = 4;  // 32-k runs per 128-k block (a run never straddles a group)
+constexpr int64_t kSplitLatencyBytes = 20000;  // ~1 us of one SM's share of 3 TB/s
 
 template <int NB, int NT>
 struct Tile {
@@ -448,7 +449,9 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
     best = splits < kblocks ? splits : kblocks;
   } else {
     // Bytes through the busiest SM: its blocks' stages (weights and activations), a pipeline fill
-    // of 3 stages per round of resident blocks, and the split-K partials written and read back.
+    // of 3 stages per round of resident blocks, the split-K partials written and read back, and
+    // the last block's S dependent rounds of partial loads (an L2 round trip each, about what
+    // an SM streams in a microsecond at the copy rate).
     // Within 4% of the best measured split on the H100 (dev/LOG.md, batch kernel).
     const int64_t stage = (int64_t)v.rows * 64 + 2048 * (M <= 16 ? 2 : M <= 32 ? 4 : 8);
     int64_t best_cost = INT64_MAX;
@@ -458,7 +461,8 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
       const int64_t blocks = (int64_t)row_blocks * s;
       const int64_t busiest = (blocks + sms - 1) / sms;
       const int64_t rounds = (blocks + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
-      const int64_t cost = busiest * per * stage + 3 * stage * rounds + (s > 1 ? busiest * M * v.rows * 8 : 0);
+      const int64_t cost = busiest * per * stage + 3 * stage * rounds +
+                           (s > 1 ? busiest * M * v.rows * 8 + s * kSplitLatencyBytes : 0);
       if (cost < best_cost) best_cost = cost, best = s;
     }
   }

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M
 from w4cli.formats import w4_gemv
 from test_gemv_gpu import DEV, activations, assert_close, assert_exact, bits, full_range_words, make_layer
 
@@ -34,14 +33,6 @@ def test_exact_every_batch_size_with_bias(kernels, m):
     out = kernels.gemv(x, **layer, bias=bias)
     assert out.shape == (m, n) and out.dtype == torch.float16
     assert_exact(out, w4_gemv.gemv_reference(x, **layer, bias=bias))
-
-
-def test_paths_by_batch_size(kernels):
-    assert kernels.gemv_path(GEMV_MAX_M) == "gemv"
-    assert kernels.gemv_path(GEMV_MAX_M + 1) == "batch"
-    assert kernels.gemv_path(BATCH_MAX_M) == "batch"
-    assert kernels.gemv_path(BATCH_MAX_M + 1) == "batch x2"
-    assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1) == "dequant+cuBLAS"
 
 
 # (K, N, G): groups of 32, 64, 128, 256 and one group; K % 128 != 0 (a partial last k-block,

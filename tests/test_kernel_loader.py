@@ -211,3 +211,17 @@ def test_load_removes_stale_lock_before_building(tmp_path, monkeypatch):
 def test_module_reimports_cleanly():
     importlib.reload(kernels)
     assert kernels._module is None
+
+
+def test_gemv_paths_by_batch_size_and_shape():
+    from w4cli import kernels
+    from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M
+
+    big, small = (8192, 8192), (4096, 1024)
+    assert kernels.gemv_path(GEMV_MAX_M, *big) == "gemv"
+    assert kernels.gemv_path(GEMV_MAX_M + 1, *big) == "batch"
+    assert kernels.gemv_path(GEMV_MAX_M + 1, *small) == "gemv x2"
+    assert kernels.gemv_path(2 * GEMV_MAX_M + 1, *small) == "batch"
+    assert kernels.gemv_path(BATCH_MAX_M, *big) == "batch"
+    assert kernels.gemv_path(BATCH_MAX_M + 1, *big) == "batch x2"
+    assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big) == "dequant+cuBLAS"

@@ -20,6 +20,7 @@ from __future__ import annotations
 PACK = 8  # int4 codes per int32 word
 GEMV_MAX_M = 8  # rows of x per GEMV launch
 BATCH_MAX_M = 64  # rows of x per batch-kernel launch
+SMALL_LAYER = 4096 * 4096  # weights; at most this, M = 9..16 runs the GEMV twice (latency-bound layers)
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
 # the batch sizes `w4 verify` runs: every M of the GEMV, then one per path beyond it (batch,

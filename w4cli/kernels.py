@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, OUT_DTYPES
+from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, OUT_DTYPES, SMALL_LAYER
 from w4cli.errors import EnvironmentUnavailable
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -264,14 +264,18 @@ def dequantize_awq(
 # ---- the w4 GEMV layout: one linear layer, y = x @ W^T (+ bias), by batch size ----
 
 
-def gemv_path(m: int) -> str:
-    """The kernel `gemv` runs for M rows of activations, in words (what `w4 gemv` and `w4 bench` print):
-    "gemv" (M <= 8: the GEMV, one launch), "batch" (M <= 64: the batch kernel, one read of the
-    weight), "batch xC" (C launches of at most 64 rows, each reading the weight), or
-    "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul). The limits are
-    contract.py's, measured on the H100 (docs/performance.md)."""
+def gemv_path(m: int, k: int, n: int) -> str:
+    """The kernel `gemv` runs for M rows of activations on a K x N layer, in words (what `w4 gemv`
+    prints): "gemv" (M <= 8: the GEMV, one launch), "gemv x2" (M <= 16 on a layer of at most
+    SMALL_LAYER weights, where the batch kernel's fixed latency costs more than a second read of
+    the weight), "batch" (M <= 64: the batch kernel, one read of the weight), "batch xC" (C
+    launches of at most 64 rows, each reading the weight), or "dequant+cuBLAS" (the fp16 weight
+    rebuilt on the GPU, then torch's matmul). The limits are contract.py's, measured on the H100
+    (docs/performance.md)."""
     if m <= GEMV_MAX_M:
         return "gemv"
+    if m <= 2 * GEMV_MAX_M and k * n <= SMALL_LAYER:
+        return "gemv x2"
     if m <= BATCH_MAX_M:
         return "batch"
     if m <= BATCH_CHUNKED_MAX_M:
@@ -308,9 +312,12 @@ def gemv(
     if x.dim() == 1:
         return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias).squeeze(0)
     mod = load()
-    path = gemv_path(x.shape[0]) if x.dim() == 2 else "gemv"  # the binding refuses other shapes
+    path = gemv_path(x.shape[0], x.shape[1], scales.shape[-1]) if x.dim() == 2 else "gemv"  # the binding refuses other shapes
     if path == "gemv":
         return mod.gemv_w4(x, qweight, qzeros, scales, bias, 0)
+    if path.startswith("gemv"):
+        return torch.cat([mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0)
+                          for i in range(0, x.shape[0], GEMV_MAX_M)], dim=0)
     if path.startswith("batch") and scales.data_ptr() % 16:
         scales = scales.clone()  # the batch kernel copies scales 16 bytes at a time
     if path == "batch":

@@ -118,7 +118,7 @@ def _check_layer(name: str, layer: dict, bias, batch: int, seed: int, device: st
     from w4cli import kernels, timing
     from w4cli.bench import cases
 
-    result.kernel = kernels.gemv_path(batch)
+    result.kernel = kernels.gemv_path(batch, k, n)
     on_gpu = cases.CheckpointLayer(layer, bias, seed)
     case = cases.W4_GEMV_KERNEL.case(on_gpu, batch)
     args = case.inputs(0)
