@@ -45,7 +45,8 @@
 // a model of the bytes through the busiest SM.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
 //   1 <= M <= 64 (w4cli.kernels.gemv sends it 9..64), N % 8 == 0, K % 8 == 0, K % G == 0,
-//   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32 and counters [ceil(N / R)] int32 (zero) when S > 1.
+//   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32
+//   and counters [ceil(N / R)] int32 (zero) when S > 1.
 // Archs: sm_80+ (cp.async, mma.sync m16n8k16); tuned on sm_90.
 // Test: pytest -m gpu tests/test_batch_gpu.py.  Bench: w4 bench --batch 16,32,64.
 
