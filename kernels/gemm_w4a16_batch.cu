@@ -281,6 +281,20 @@ __device__ __forceinline__ void compute_stage(const uint8_t* st, int warp, int l
   }
 }
 
+// f(value, m, n) for each of a warp's accumulators: acc[i][nb][e] holds output row
+// n = row0 + 16 i + g + 8 (e >> 1) and token m = 8 nb + 2 t + (e & 1) (the mma C fragment).
+template <int NT, int NB, typename F>
+__device__ __forceinline__ void for_each_output(float (&acc)[NT][NB][4], int row0, int lane, F&& f) {
+  const int g = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(acc[i][nb][e], 8 * nb + 2 * t + (e & 1), row0 + 16 * i + g + 8 * (e >> 1));
+}
+
 template <int NB, int NT, bool kPost>
 __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_batch_kernel(const BatchArgs a) {
   using T = Tile<NB, NT>;
@@ -324,21 +338,14 @@ __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_bat
   }
   cp_async_wait<0>();
 
-  // acc[i][nb][e]: row n = tile row + g + 8 (e >> 1), token m = 8 nb + 2 t + (e & 1)
+  const int row0 = cb * T::kRows + warp * NT * 16;
   if (a.splits > 1) {
     // every block stores its partial; the last to arrive adds them all in split order (its own
     // read back too: no second set of registers), each split's values loaded together
     float* part = a.partial + (size_t)split * a.M * a.N;
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int n = cb * T::kRows + (warp * NT + i) * 16 + g + 8 * (e >> 1);
-          const int m = 8 * nb + 2 * t + (e & 1);
-          if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, acc[i][nb][e]);
-        }
+    for_each_output(acc, row0, lane, [&](float& v, int m, int n) {
+      if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, v);
+    });
     __threadfence();  // this block's partial is visible device-wide before it counts itself in
     __syncthreads();
     __shared__ int last;
@@ -348,34 +355,19 @@ __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_bat
     __threadfence();  // order the partial reads after the counter read
     for (int s = 0; s < a.splits; ++s) {
       const float* ps = a.partial + (size_t)s * a.M * a.N;
-#pragma unroll
-      for (int i = 0; i < NT; ++i)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int n = cb * T::kRows + (warp * NT + i) * 16 + g + 8 * (e >> 1);
-            const int m = 8 * nb + 2 * t + (e & 1);
-            const float v = (m < a.M && n < a.N) ? __ldcg(ps + (size_t)m * a.N + n) : 0.f;
-            acc[i][nb][e] = s == 0 ? v : acc[i][nb][e] + v;
-          }
+      for_each_output(acc, row0, lane, [&](float& v, int m, int n) {
+        const float p = (m < a.M && n < a.N) ? __ldcg(ps + (size_t)m * a.N + n) : 0.f;
+        v = s == 0 ? p : v + p;
+      });
     }
     if (threadIdx.x == 0) a.counters[cb] = 0;  // left zeroed, as found
   }
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = cb * T::kRows + (warp * NT + i) * 16 + g + 8 * (e >> 1);
-        const int m = 8 * nb + 2 * t + (e & 1);
-        if (m < a.M && n < a.N) {
-          float v = acc[i][nb][e];
-          if (a.bias != nullptr) v += __half2float(a.bias[n]);
-          a.y[(size_t)m * a.N + n] = __float2half_rn(v);
-        }
-      }
+  for_each_output(acc, row0, lane, [&](float& v, int m, int n) {
+    if (m < a.M && n < a.N) {
+      const float out = a.bias != nullptr ? v + __half2float(a.bias[n]) : v;
+      a.y[(size_t)m * a.N + n] = __float2half_rn(out);
+    }
+  });
 }
 
 using BatchKernel = void (*)(const BatchArgs);
