@@ -1,7 +1,7 @@
-"""Sweep the batch kernel's settings (16-row tiles per warp, split-K count) against fp16 cuBLAS,
+"""Sweep the batch kernels' settings (kernel, row tiles, split-K count) against fp16 cuBLAS,
 the GEMV at M = 8 and the automatic choice, in one run, with w4cli/timing.py (the bench's method).
 
-    PYTHONPATH=. python3 dev/bench_batch.py [--m 16,32,64] [--shapes 8192x28672,...] [--splits 1,2,4,8]
+    PYTHONPATH=. python3 dev/bench_batch.py [--m 16,32,64] [--shapes 8192x28672,...] [--splits 1,2,4,8] [--kernels 1,2]
 
 Prints one line per measurement and, per (shape, M), the best setting against the automatic one.
 """
@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--splits", default="1,2,3,4,6,8")
     ap.add_argument("--tiles", default="1,2,4")
+    ap.add_argument("--kernels", default="1,2", help="1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128)")
     args = ap.parse_args()
     kernels.load()
     copy = timing.copy_bandwidth()
@@ -55,18 +56,22 @@ def main() -> int:
             if m <= 8:
                 continue
             best = None
-            for tiles in (int(v) for v in args.tiles.split(",")):
-                for splits in [0] + [int(v) for v in args.splits.split(",")]:
-                    t = run_case(f"{shape} M={m} tiles={tiles} splits={splits}", layer, m,
-                                 lambda x, qw, qz, s, b, tiles=tiles, splits=splits: kernels._batch(
-                                     x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits, tiles=tiles), copy)
-                    if t is None:
-                        continue
-                    print(f"    tiles={tiles} splits={splits}: {t.median_us:.2f} us ({fp.median_us / t.median_us:.2f}x, {t.pct_of_copy:.0f}% copy)", flush=True)
-                    if best is None or t.median_us < best[0]:
-                        best = (t.median_us, tiles, splits)
+            for kernel in (int(v) for v in args.kernels.split(",")):
+                if kernel == 1 and m > 64:
+                    continue
+                for tiles in (int(v) for v in args.tiles.split(",")):
+                    for splits in [0] + [int(v) for v in args.splits.split(",")]:
+                        t = run_case(f"{shape} M={m} kernel={kernel} tiles={tiles} splits={splits}", layer, m,
+                                     lambda x, qw, qz, s, b, tiles=tiles, splits=splits, kernel=kernel: kernels._batch(
+                                         x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits, tiles=tiles,
+                                         kernel=kernel), copy)
+                        if t is None:
+                            continue
+                        print(f"    kernel={kernel} tiles={tiles} splits={splits}: {t.median_us:.2f} us ({fp.median_us / t.median_us:.2f}x, {t.pct_of_copy:.0f}% copy)", flush=True)
+                        if best is None or t.median_us < best[0]:
+                            best = (t.median_us, kernel, tiles, splits)
             if best:
-                print(f"  best {shape} M={m}: tiles={best[1]} splits={best[2]} {best[0]:.2f} us ({fp.median_us / best[0]:.2f}x) vs auto {auto.median_us:.2f}", flush=True)
+                print(f"  best {shape} M={m}: kernel={best[1]} tiles={best[2]} splits={best[3]} {best[0]:.2f} us ({fp.median_us / best[0]:.2f}x) vs auto {auto.median_us:.2f}", flush=True)
     return 0
 
 

@@ -55,6 +55,7 @@
 
 #include <cstdint>
 
+#include "batch_common.cuh"
 #include "int4_convert.cuh"
 #include "tensor_core.cuh"
 #include "w4_kernels.h"
@@ -62,140 +63,24 @@
 namespace w4 {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRunSlots = 4;  // 32-k runs per 128-k block (a run never straddles a group)
-constexpr int64_t kSplitLatencyBytes = 20000;  // ~1 us of one SM's share of 3 TB/s
+constexpr int kWarps = kBatchWarps;
+constexpr int kThreads = kBatchThreads;
 
 template <int NB, int NT>
 struct Tile {
   static constexpr int kRows = kWarps * NT * 16;  // rows of N per block
+  static constexpr int kTokens = NB * 8;
   static constexpr int kStages = 4;
   static constexpr int kWBytes = kWarps * NT * 2 * 512;
   static constexpr int kXBytes = NB * 8 * 256;
   static constexpr int kSBytes = kRunSlots * kRows * 2;
   static constexpr int kZBytes = kRunSlots * (kRows / 8) * 4;
-  static constexpr int kStageBytes = kWBytes + kXBytes + kSBytes + kZBytes;
+  static constexpr int kWOff = 0, kXOff = kWBytes, kSOff = kXOff + kXBytes, kZOff = kSOff + kSBytes;
+  static constexpr int kStageBytes = kZOff + kZBytes;
   static constexpr int kSmem = kStages * kStageBytes;
-};
-
-struct BatchArgs {
-  const __half* __restrict__ x;
-  const uint4* __restrict__ qweight;
-  const uint32_t* __restrict__ qzeros;
-  const __half* __restrict__ scales;
-  const __half* __restrict__ bias;
-  __half* __restrict__ y;
-  float* __restrict__ partial;
-  int* __restrict__ counters;
-  int M, K, N, groups, runs_per_group;
-  uint32_t group_magic;
-  int kblocks, kb_per_split, splits, run_slots;
-};
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0 reads nothing).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src, bool valid,
-                                                  uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(valid ? 16 : 0), "l"(policy));
-}
-// qzeros rows are N/2 bytes long, so only 4-byte alignment holds for a block's zero words
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Position of 16-byte chunk c (0..15) of x row r in the stage (see the header).
-__device__ __forceinline__ int x_slot(int r, int c) { return r * 16 + (c ^ (((c >> 2) & 2) | (r & 1))); }
-
-// Group of 32-k run r (G % 32 == 0, or a single group); runs past K take the last group.
-__device__ __forceinline__ int group_of_run(uint32_t run, const BatchArgs& a) {
-  int grp = a.runs_per_group == 1 ? (int)run : (int)__umulhi(run, a.group_magic);
-  return a.groups == 1 ? 0 : min(grp, a.groups - 1);
-}
-
-// The copies one thread issues for every stage, addressed once: per stage only the k-block moves.
-template <int NB, int NT>
-struct Loader {
-  using T = Tile<NB, NT>;
-  static constexpr int kW = (kWarps * NT * 64) / kThreads;                 // weight chunks per thread
-  static constexpr int kX = (NB * 8 * 16 + kThreads - 1) / kThreads;      // x chunks per thread
-  const uint4* w[kW];   // chunk's source at k-block 0 (row tiles past N: a valid dummy)
-  uint32_t wdst[kW];    // offset in the stage
-  uint32_t wbytes;      // bit i: chunk i is inside N
-  const __half* x[kX];
-  uint32_t xdst[kX];
-  int xk[kX];           // chunk's k at k-block 0; rows >= M get K (never inside)
-  const __half* s;      // this thread's scale chunk at group 0 (null: no scale/zero copy)
-  const uint32_t* z;
-  uint32_t sdst, zdst;
-  int slot;
-  bool sz_ok;
-
-  __device__ __forceinline__ Loader(const BatchArgs& a, int cb) {
-    const int tid = threadIdx.x;
-    const int words_n = a.N >> 3;
-    wbytes = 0;
-#pragma unroll
-    for (int i = 0; i < kW; ++i) {
-      const int c = tid + i * kThreads;
-      const int t8 = 2 * (cb * kWarps * NT + (c >> 6)) + ((c >> 5) & 1);  // 8-row qweight tile
-      const bool ok = t8 < words_n;
-      w[i] = a.qweight + (size_t)(ok ? t8 : 0) * a.kblocks * 32 + (c & 31);
-      wdst[i] = c * 16;
-      wbytes |= (ok ? 1u : 0u) << i;
-    }
-#pragma unroll
-    for (int i = 0; i < kX; ++i) {
-      const int c = tid + i * kThreads;
-      const int r = c >> 4;
-      const bool row_ok = r < a.M && c < NB * 8 * 16;
-      x[i] = a.x + (row_ok ? (size_t)r * a.K + 8 * (c & 15) : 0);
-      xdst[i] = T::kWBytes + 16 * x_slot(r, c & 15);
-      xk[i] = row_ok ? 8 * (c & 15) : a.K;
-    }
-    constexpr int kChunks = T::kRows / 8;  // 8 rows: one 16-byte scale chunk, one zero word
-    slot = tid / kChunks;
-    const int i = tid - slot * kChunks;
-    const int n0 = cb * T::kRows + 8 * i;
-    sz_ok = n0 < a.N;
-    s = a.scales + (sz_ok ? n0 : 0);
-    z = a.qzeros + (sz_ok ? (n0 >> 3) : 0);
-    sdst = T::kWBytes + T::kXBytes + 2 * (slot * T::kRows + 8 * i);
-    zdst = T::kWBytes + T::kXBytes + T::kSBytes + 4 * (slot * kChunks + i);
-    if (slot >= a.run_slots) slot = -1;
-  }
-
-  // Issue the copies of k-block kb into the stage at shared address st.
-  __device__ __forceinline__ void load(uint32_t st, int kb, const BatchArgs& a, uint64_t policy) const {
-#pragma unroll
-    for (int i = 0; i < kW; ++i)
-      cp_async16_policy(st + wdst[i], w[i] + (size_t)kb * 32, (wbytes >> i) & 1, policy);
-#pragma unroll
-    for (int i = 0; i < kX; ++i) {
-      if (NB * 8 * 16 % kThreads == 0 || (int)threadIdx.x + i * kThreads < NB * 8 * 16) {
-        const bool ok = xk[i] + kb * 128 < a.K;
-        cp_async16(st + xdst[i], ok ? x[i] + kb * 128 : a.x, ok);
-      }
-    }
-    if (slot >= 0) {
-      const int grp = group_of_run(4u * kb + slot, a);
-      cp_async16(st + sdst, s + (size_t)grp * a.N, sz_ok);
-      cp_async4(st + zdst, z + (size_t)grp * (a.N >> 3), sz_ok);
-    }
+  // chunk c of x row r sits at c ^ ((c >> 2) & 2 | r & 1) (see the header)
+  __device__ static __forceinline__ uint32_t x_dst(int r, int c) {
+    return kXOff + 16 * (r * 16 + (c ^ (((c >> 2) & 2) | (r & 1))));
   }
 };
 
@@ -281,20 +166,6 @@ __device__ __forceinline__ void compute_stage(const uint8_t* st, int warp, int l
   }
 }
 
-// f(value, m, n) for each of a warp's accumulators: acc[i][nb][e] holds output row
-// n = row0 + 16 i + g + 8 (e >> 1) and token m = 8 nb + 2 t + (e & 1) (the mma C fragment).
-template <int NT, int NB, typename F>
-__device__ __forceinline__ void for_each_output(float (&acc)[NT][NB][4], int row0, int lane, F&& f) {
-  const int g = lane >> 2;
-  const int t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) f(acc[i][nb][e], 8 * nb + 2 * t + (e & 1), row0 + 16 * i + g + 8 * (e >> 1));
-}
-
 template <int NB, int NT, bool kPost>
 __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_batch_kernel(const BatchArgs a) {
   using T = Tile<NB, NT>;
@@ -306,14 +177,14 @@ __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_bat
   const int kb0 = split * a.kb_per_split;
   const int nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
   const uint64_t policy = evict_first_policy();
-  const Loader<NB, NT> loader(a, cb);
+  const Loader<T> loader(a, cb);
   const uint32_t smem0 = smem_u32(smem);
   const int g = lane >> 2;
   const int t = lane & 3;
   const int slot = a.run_slots == 1 ? 0 : t;
   int xoff[4];  // the lane's B fragment chunk of word j, token tile 0
 #pragma unroll
-  for (int j = 0; j < 4; ++j) xoff[j] = x_slot(g, 4 * t + j);
+  for (int j = 0; j < 4; ++j) xoff[j] = (Tile<NB, NT>::x_dst(g, 4 * t + j) - Tile<NB, NT>::kXOff) / 16;
 
   float acc[NT][NB][4];
 #pragma unroll
@@ -338,36 +209,7 @@ __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_bat
   }
   cp_async_wait<0>();
 
-  const int row0 = cb * T::kRows + warp * NT * 16;
-  if (a.splits > 1) {
-    // every block stores its partial; the last to arrive adds them all in split order (its own
-    // read back too: no second set of registers), each split's values loaded together
-    float* part = a.partial + (size_t)split * a.M * a.N;
-    for_each_output(acc, row0, lane, [&](float& v, int m, int n) {
-      if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, v);
-    });
-    __threadfence();  // this block's partial is visible device-wide before it counts itself in
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(a.counters + cb, 1) == a.splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // order the partial reads after the counter read
-    for (int s = 0; s < a.splits; ++s) {
-      const float* ps = a.partial + (size_t)s * a.M * a.N;
-      for_each_output(acc, row0, lane, [&](float& v, int m, int n) {
-        const float p = (m < a.M && n < a.N) ? __ldcg(ps + (size_t)m * a.N + n) : 0.f;
-        v = s == 0 ? p : v + p;
-      });
-    }
-    if (threadIdx.x == 0) a.counters[cb] = 0;  // left zeroed, as found
-  }
-  for_each_output(acc, row0, lane, [&](float& v, int m, int n) {
-    if (m < a.M && n < a.N) {
-      const float out = a.bias != nullptr ? v + __half2float(a.bias[n]) : v;
-      a.y[(size_t)m * a.N + n] = __float2half_rn(out);
-    }
-  });
+  write_result(acc, a, cb, split, cb * T::kRows + warp * NT * 16, 16, lane);
 }
 
 using BatchKernel = void (*)(const BatchArgs);
@@ -415,17 +257,23 @@ bool pick_variant(int64_t M, int64_t K, int64_t G, int tiles, Variant* v) {
 }
 
 bool shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
-  return M >= 1 && M <= 64 && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
+  return M >= 1 && M <= kBatchMaxM && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
          (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
 }
 
 }  // namespace
 
-cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
+cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
                                   BatchPlan* plan) {
-  int device = 0, sms = 132, per_sm = 1;
+  int device = 0, sms = 132, per_sm = 1, major = 0, minor = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  // wgmma exists on sm_90a only, which w4cli/kernels.py builds for every compute capability 9.0
+  const bool hopper = major == 9 && minor == 0;
+  if (kernel == 2) return hopper ? plan_gemm_w4a16_wgmma(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
+  if (kernel != 1) return cudaErrorInvalidValue;
   if (tiles == 0 && shapes_ok(M, K, N, G)) tiles = default_tiles(M, N, sms);
   Variant v;
   if (!shapes_ok(M, K, N, G) || splits < 0 || splits > 64 || tiles < 0 || !pick_variant(M, K, G, tiles, &v))
@@ -437,66 +285,30 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   per_sm = per_sm < 1 ? 1 : per_sm;
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
-  int best = 1;
-  if (splits > 0) {
-    best = splits < kblocks ? splits : kblocks;
-  } else {
-    // Bytes through the busiest SM: its blocks' stages (weights and activations), a pipeline fill
-    // of 3 stages per round of resident blocks, the split-K partials written and read back, and
-    // the last block's S dependent rounds of partial loads (an L2 round trip each, about what
-    // an SM streams in a microsecond at the copy rate).
-    // Within 4% of the best measured split on the H100 (dev/LOG.md, batch kernel).
-    const int64_t stage = (int64_t)v.rows * 64 + 2048 * (M <= 16 ? 2 : M <= 32 ? 4 : 8);
-    int64_t best_cost = INT64_MAX;
-    for (int s = 1; s <= 64 && s <= kblocks; ++s) {
-      const int per = (kblocks + s - 1) / s;
-      if ((kblocks + per - 1) / per != s) continue;  // the same split as a smaller s
-      const int64_t blocks = (int64_t)row_blocks * s;
-      const int64_t busiest = (blocks + sms - 1) / sms;
-      const int64_t rounds = (blocks + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
-      const int64_t cost = busiest * per * stage + 3 * stage * rounds +
-                           (s > 1 ? busiest * M * v.rows * 8 + s * kSplitLatencyBytes : 0);
-      if (cost < best_cost) best_cost = cost, best = s;
-    }
-  }
-  const int per = (kblocks + best - 1) / best;
-  plan->kb_per_split = per;
-  plan->splits = (kblocks + per - 1) / per;  // no empty split
+  plan_splits(splits, kblocks, row_blocks, sms, per_sm, (int64_t)v.rows * 64 + 2048 * (M <= 16 ? 2 : M <= 32 ? 4 : 8),
+              M, v.rows, plan);
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
   plan->tiles = tiles;
+  plan->wgmma = false;
+  plan->x_cols = 0;
   return cudaSuccess;
 }
 
-cudaError_t launch_gemm_w4a16_batch(const void* x, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, cudaStream_t stream) {
+  if (plan.wgmma)
+    return launch_gemm_w4a16_wgmma(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G,
+                                   plan, stream);
   Variant v;
   if (!shapes_ok(M, K, N, G) || !pick_variant(M, K, G, plan.tiles, &v) || v.rows != plan.rows ||
       plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;
-  const int groups = static_cast<int>(K / G);
-  BatchArgs a;
-  a.x = static_cast<const __half*>(x);
-  a.qweight = reinterpret_cast<const uint4*>(qweight);
-  a.qzeros = reinterpret_cast<const uint32_t*>(qzeros);
-  a.scales = static_cast<const __half*>(scales);
-  a.bias = static_cast<const __half*>(bias);
-  a.y = static_cast<__half*>(y);
-  a.partial = partial;
-  a.counters = counters;
-  a.M = static_cast<int>(M);
-  a.K = static_cast<int>(K);
-  a.N = static_cast<int>(N);
-  a.groups = groups;
-  // group of a 32-k run r: r / (G/32), exact by the multiply-high (gemv_w4a16.cu says why)
-  a.runs_per_group = G % 32 == 0 ? static_cast<int>(G / 32) : 1;
-  a.group_magic = a.runs_per_group > 1 ? static_cast<uint32_t>((uint64_t{1} << 32) / a.runs_per_group + 1) : 0u;
-  a.kblocks = static_cast<int>((K + 127) / 128);
+  BatchArgs a = batch_args(x, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
-  a.run_slots = (groups == 1 || G % 128 == 0) ? 1 : kRunSlots;
   const dim3 grid(plan.row_blocks, plan.splits);
   v.fn<<<grid, kThreads, v.smem, stream>>>(a);
   return cudaGetLastError();

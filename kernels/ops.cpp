@@ -135,7 +135,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 namespace {
 
 constexpr int64_t kGemvMaxM = 8;
-constexpr int64_t kBatchMaxM = 64;
 
 void gemv_check_aligned16(const at::Tensor& t, const char* name) {
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, msg("gemv: ", name,
@@ -233,13 +232,15 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
   return y;
 }
 
-// x [M, K] fp16, M <= 64; the layer; bias -> y [M, N] fp16. splits, tiles: 0 = automatic.
+// x [M, K] fp16, M <= 128 (64 on mma.sync); the layer; bias -> y [M, N] fp16.
+// splits, tiles: 0 = automatic; kernel: 1 = mma.sync, 2 = wgmma (w4_kernels.h).
 at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                               const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
-                              int64_t splits, int64_t tiles) {
+                              int64_t splits, int64_t tiles, int64_t kernel) {
   const void* bias_ptr = nullptr;
-  const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, kBatchMaxM, "batch", &bias_ptr);
+  const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, w4::kWgmmaMaxM, "batch", &bias_ptr);
   TORCH_CHECK(splits >= 0 && splits <= 64, msg("batch: splits must be 0 (automatic) .. 64, got ", splits));
+  TORCH_CHECK(kernel == 1 || kernel == 2, msg("batch: kernel must be 1 (mma.sync) or 2 (wgmma), got ", kernel));
   gemv_check_aligned16(scales, "scales");  // copied to shared memory 16 bytes at a time
   const int64_t M = x.size(0);
   const c10::cuda::CUDAGuard guard(qweight.device());
@@ -247,18 +248,21 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
   if (M == 0) return y;
   w4::BatchPlan plan;
   cudaError_t err = w4::plan_gemm_w4a16_batch(M, s.K, s.N, s.G, static_cast<int>(splits),
-                                              static_cast<int>(tiles), &plan);
+                                              static_cast<int>(tiles), static_cast<int>(kernel), &plan);
   TORCH_CHECK(err == cudaSuccess, msg("batch: no kernel for M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G,
-              ", splits=", splits, ", tiles=", tiles, ": ", cudaGetErrorString(err)));
-  at::Tensor partial, counters;
+              ", splits=", splits, ", tiles=", tiles, ", kernel=", kernel, " on this GPU: ",
+              cudaGetErrorString(err)));
+  at::Tensor partial, counters, x_perm;
   if (plan.splits > 1) {
     partial = at::empty({plan.splits, M, s.N}, x.options().dtype(at::kFloat));
     counters = at::zeros({plan.row_blocks}, x.options().dtype(at::kInt));
   }
+  if (plan.wgmma) x_perm = at::empty({M, plan.x_cols}, x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   err = w4::launch_gemm_w4a16_batch(
-      x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr,
-      y.data_ptr(), plan.splits > 1 ? partial.data_ptr<float>() : nullptr,
+      x.data_ptr(), plan.wgmma ? x_perm.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
+      qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr, y.data_ptr(),
+      plan.splits > 1 ? partial.data_ptr<float>() : nullptr,
       plan.splits > 1 ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, stream);
   TORCH_CHECK(err == cudaSuccess, msg("batch: kernel launch failed: ", cudaGetErrorString(err),
               " (M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G, ", splits=", plan.splits, ")"));
@@ -287,9 +291,9 @@ void register_gemv(py::module_& m) {
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("bias") = py::none(), py::arg("splits") = 0);
   m.def("gemm_w4_batch", &gemm_w4_batch_impl,
-        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 64, one read of W",
+        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 128, one read of W",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
-        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0);
+        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0, py::arg("kernel") = 1);
   m.def("dequantize_w4_gemv", &dequantize_w4_gemv_impl,
         "w4-gemv layer -> fp16 weight [N, K], bit-exact", py::arg("qweight"), py::arg("qzeros"),
         py::arg("scales"), py::arg("k"));

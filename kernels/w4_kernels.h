@@ -34,23 +34,37 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
                               int64_t N, int64_t G, int splits, cudaStream_t stream);
 
-// ---- batch (w4 GEMV layout, M = 9..64), kernels/gemm_w4a16_batch.cu ----
+// ---- batch (w4 GEMV layout, M = 9..128): kernels/gemm_w4a16_batch.cu (mma.sync, M <= 64, sm_80+)
+// and kernels/gemm_w4a16_wgmma.cu (wgmma, M <= 128, sm_90a) ----
 //
-// Same operands and result as launch_gemv_w4a16, for 1 <= M <= 64 in one read of the weight.
-// plan_gemm_w4a16_batch picks the row tiles per warp (`tiles`, 0 = by M) and the split-K count
-// (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix them to cover each);
-// the caller then provides, when plan.splits > 1, partial [splits, M, N] fp32 and counters
-// [plan.row_blocks] int32 zeroed (the kernel leaves them zeroed). Both return
+// Same operands and result as launch_gemv_w4a16, in one read of the weight.
+// plan_gemm_w4a16_batch plans the kernel the caller names (`kernel`: 1 = mma.sync, 2 = wgmma,
+// compute capability 9.0 only; w4cli.kernels.gemv_path chooses by M), its row tiles per warp or
+// warpgroup (`tiles`, 0 = by shape) and the split-K count (`splits`, 0 = from a model of the
+// busiest SM; the tests and dev/ fix both to cover each). The caller then provides, when plan.splits > 1, partial
+// [splits, M, N] fp32 and counters [plan.row_blocks] int32 zeroed (the kernel leaves them
+// zeroed), and when plan.wgmma, x_perm [M, plan.x_cols] fp16 scratch. Both return
 // cudaErrorInvalidValue for arguments they cannot handle.
+constexpr int64_t kBatchMaxM = 64;
+constexpr int64_t kWgmmaMaxM = 128;
 struct BatchPlan {
   int splits, kb_per_split, row_blocks, rows, tiles;
+  bool wgmma;
+  int x_cols;
 };
-cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
+cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
                                   BatchPlan* plan);
-cudaError_t launch_gemm_w4a16_batch(const void* x, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, cudaStream_t stream);
+// The wgmma kernel's own plan and launch, called by the two above.
+cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
+                                  BatchPlan* plan);
+cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
+                                    const void* scales, const void* bias, void* y, float* partial, int* counters,
+                                    int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
+                                    cudaStream_t stream);
 
 // ---- dequantize (w4 GEMV layout), kernels/dequant_w4_gemv.cu ----
 //

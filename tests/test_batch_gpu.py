@@ -1,4 +1,5 @@
-"""The batch kernel (kernels/gemm_w4a16_batch.cu, M = 9..64 in one read of the weight), the GPU
+"""The batch kernels (kernels/gemm_w4a16_batch.cu on mma.sync, M <= 64, and gemm_w4a16_wgmma.cu on
+wgmma, M <= 128 on compute capability 9.0, each in one read of the weight), the GPU
 dequantize of the w4-gemv layout (kernels/dequant_w4_gemv.cu) and the paths w4cli.kernels.gemv picks
 by M, against the pure-torch reference: exact bits where the arithmetic is exact, the bound of
 w4cli/checks.py elsewhere, every split-K reduction and row tiling, tile tails, determinism.
@@ -22,9 +23,16 @@ def exact_bias(n: int, seed: int) -> torch.Tensor:
     return (torch.randint(-64, 64, (n,), generator=gen, device=DEV) * 2.0**-6).half()
 
 
-# every M the issue names, through the public entry (gemv, batch, batch xC and dequant+cuBLAS);
+def kernel_or_skip(kernel: int) -> int:
+    if kernel == 2 and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs compute capability 9.0")
+    return kernel
+
+
+# every M the issue names, through the public entry (gemv, batch, wgmma, their chunked forms and
+# dequant+cuBLAS);
 # K = 4224 is 33 k-blocks, N = 1032 ends in a half-empty 16-row tile inside a partial row block
-@pytest.mark.parametrize("m", [9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 256, 300])
+@pytest.mark.parametrize("m", [9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 300])
 def test_exact_every_batch_size_with_bias(kernels, m):
     k, n, g = 4224, 1032, 128
     layer = make_layer(k, n, g, seed=m, exact=True)
@@ -62,6 +70,33 @@ def test_exact_every_tiling_and_split(kernels, k, n, g, m, tiles):
         assert_exact(out, ref)
 
 
+@pytest.fixture
+def hopper(kernels):
+    kernel_or_skip(2)  # the wgmma kernel exists for compute capability 9.0 only (sm_90a)
+    return kernels
+
+
+@pytest.mark.parametrize("k,n,g", SHAPES)
+@pytest.mark.parametrize("m,tiles", [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1), (128, 1)])
+def test_wgmma_exact_every_tiling_and_split(hopper, k, n, g, m, tiles):
+    layer = make_layer(k, n, g, seed=k + n + m, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    bias = exact_bias(n, k)
+    ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
+    kblocks = -(-k // 128)
+    for splits in sorted({1, 2, 3, 7, kblocks}):
+        out = hopper._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles, kernel=2)
+        assert_exact(out, ref)
+
+
+@pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336)])
+@pytest.mark.parametrize("m", [24, 64, 128])
+def test_wgmma_random_real_shapes(hopper, k, n, m):
+    layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
+    x = activations(m, k, seed=m, exact=False)
+    assert_close(hopper._batch(x, **layer, kernel=2), x, layer, None)
+
+
 REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
 
 
@@ -74,15 +109,16 @@ def test_random_real_shapes(kernels, k, n, m):
     assert_close(kernels.gemv(x, **layer, bias=bias), x, layer, bias)
 
 
-@pytest.mark.parametrize("m", [16, 64])
-def test_deterministic_with_splits(kernels, m):
+@pytest.mark.parametrize("m,kernel", [(16, 1), (64, 1), (40, 2), (128, 2)])
+def test_deterministic_with_splits(kernels, m, kernel):
     # the split-K partials are added in split order whichever block arrives last
+    kernel_or_skip(kernel)
     layer = make_layer(8192, 1024, 128, seed=3, exact=False)
     x = activations(m, 8192, seed=3, exact=False)
     for splits in (0, 5, 16):
-        first = kernels._batch(x, **layer, splits=splits)
+        first = kernels._batch(x, **layer, splits=splits, kernel=kernel)
         for _ in range(5):
-            assert torch.equal(bits(kernels._batch(x, **layer, splits=splits)), bits(first))
+            assert torch.equal(bits(kernels._batch(x, **layer, splits=splits, kernel=kernel)), bits(first))
 
 
 def test_every_output_written(kernels):
@@ -96,16 +132,19 @@ def test_every_output_written(kernels):
             assert_exact(kernels._batch(x, **layer, splits=splits), ref)
 
 
-def test_cuda_graph_capture_with_splits(kernels):
-    # the split-K counters are allocated zeroed inside the capture (a memset node) on every replay
+@pytest.mark.parametrize("kernel", [1, 2])
+def test_cuda_graph_capture_with_splits(kernels, kernel):
+    # the split-K counters are allocated zeroed inside the capture (a memset node) on every
+    # replay; the wgmma kernel's permuted activations are rewritten on every replay too
+    kernel_or_skip(kernel)
     layer = make_layer(4096, 520, 128, seed=5, exact=True)
     ref = None
     x = activations(20, 4096, seed=5, exact=True)
-    kernels._batch(x, **layer, splits=4)
+    kernels._batch(x, **layer, splits=4, kernel=kernel)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernels._batch(x, **layer, splits=4)
+        out = kernels._batch(x, **layer, splits=4, kernel=kernel)
     ref = w4_gemv.gemv_reference(x, **layer)
     for _ in range(3):
         graph.replay()
@@ -142,7 +181,7 @@ def test_unaligned_scales_take_every_path(kernels):
     odd = store[1:].view(k // g, n)
     odd.copy_(layer["scales"])
     shifted = dict(layer, scales=odd)
-    for m in (3, 20, 100, 300):
+    for m in (3, 20, 100, 200, 300):
         x = activations(m, k, seed=m, exact=True)
         assert_exact(kernels.gemv(x, **shifted), w4_gemv.gemv_reference(x, **layer))
 
@@ -150,13 +189,17 @@ def test_unaligned_scales_take_every_path(kernels):
 def test_binding_messages(kernels):
     layer = make_layer(256, 32, 64, seed=0, exact=True)
     mod = kernels.load()
-    x = activations(65, 256, seed=0, exact=True)
-    with pytest.raises(RuntimeError, match="at most 64"):
+    x = activations(129, 256, seed=0, exact=True)
+    with pytest.raises(RuntimeError, match="at most 128"):
         mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0)
     with pytest.raises(RuntimeError, match="splits"):
         mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 65, 0)
     with pytest.raises(RuntimeError, match="no kernel"):
         mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 3)
+    with pytest.raises(RuntimeError, match="no kernel"):  # mma.sync takes at most 64 rows
+        mod.gemm_w4_batch(x[:100].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 1)
+    with pytest.raises(RuntimeError, match="kernel must be 1"):
+        mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 0)
     store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
     odd = store[1:].view(layer["scales"].shape)
     with pytest.raises(RuntimeError, match="16-byte aligned"):

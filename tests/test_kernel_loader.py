@@ -185,7 +185,7 @@ def test_load_removes_stale_lock_before_building(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "_nvcc_path", lambda: "/fake/nvcc")
     monkeypatch.setattr(kernels, "_nvcc_version", lambda nvcc: "fake")
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: True)
-    key = kernels.cache_key("90", nvcc_version="fake")
+    key = kernels.cache_key("90a", nvcc_version="fake")  # compute capability 9.0 builds sm_90a (wgmma)
     build = kernels.cache_root() / key
     build.mkdir(parents=True)
     (build / "lock").write_text("")
@@ -201,7 +201,7 @@ def test_load_removes_stale_lock_before_building(tmp_path, monkeypatch):
         kernels.load()
     msg = str(info.value)
     assert seen["lock_present"] is False
-    assert "-gencode=arch=compute_90,code=sm_90" in seen["flags"]
+    assert "-gencode=arch=compute_90a,code=sm_90a" in seen["flags"]
     assert not any("fast_math" in f for f in seen["flags"])
     assert "\n" not in msg and "build.log" in msg
     log = build / "build.log"
@@ -215,13 +215,23 @@ def test_module_reimports_cleanly():
 
 def test_gemv_paths_by_batch_size_and_shape():
     from w4cli import kernels
-    from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M
+    from w4cli.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, WGMMA_CHUNKED_MAX_M, WGMMA_MAX_M,
+                                WGMMA_MIN_M)
 
     big, small = (8192, 8192), (4096, 1024)
-    assert kernels.gemv_path(GEMV_MAX_M, *big) == "gemv"
-    assert kernels.gemv_path(GEMV_MAX_M + 1, *big) == "batch"
-    assert kernels.gemv_path(GEMV_MAX_M + 1, *small) == "gemv x2"
-    assert kernels.gemv_path(2 * GEMV_MAX_M + 1, *small) == "batch"
-    assert kernels.gemv_path(BATCH_MAX_M, *big) == "batch"
-    assert kernels.gemv_path(BATCH_MAX_M + 1, *big) == "batch x2"
+    assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
+    for wgmma in (False, True):
+        assert kernels.gemv_path(GEMV_MAX_M, *big, wgmma=wgmma) == "gemv"
+        assert kernels.gemv_path(GEMV_MAX_M + 1, *big, wgmma=wgmma) == "batch"
+        assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=wgmma) == "gemv x2"
+        assert kernels.gemv_path(WGMMA_MIN_M - 1, *big, wgmma=wgmma) == "batch"
+    assert kernels.gemv_path(2 * GEMV_MAX_M + 1, *small, wgmma=False) == "batch"
+    assert kernels.gemv_path(BATCH_MAX_M, *big, wgmma=False) == "batch"
+    assert kernels.gemv_path(BATCH_MAX_M + 1, *big, wgmma=False) == "batch x2"
+    assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big, wgmma=False) == "dequant+cuBLAS"
     assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big) == "dequant+cuBLAS"
+    assert kernels.gemv_path(WGMMA_MIN_M, *small, wgmma=True) == "wgmma"
+    assert kernels.gemv_path(WGMMA_MAX_M, *big, wgmma=True) == "wgmma"
+    assert kernels.gemv_path(WGMMA_MAX_M + 1, *big, wgmma=True) == "wgmma x2"
+    assert kernels.gemv_path(WGMMA_CHUNKED_MAX_M, *big, wgmma=True) == "wgmma x2"
+    assert kernels.gemv_path(WGMMA_CHUNKED_MAX_M + 1, *big, wgmma=True) == "dequant+cuBLAS"

@@ -8,7 +8,8 @@ K = in_features, N = out_features, G = group size, M = rows of activations.
     dequantize    scales float16 or bfloat16; writes float16, bfloat16 or float32
     GEMV          K % 8 == 0 (activation rows stay 16-byte aligned); G % 32 == 0 (a 32-k run of the
                   kernel never straddles two groups) or G == K; x, scales, bias and y float16;
-                  M <= 8 per GEMV launch (one mma n8 tile), M <= 64 per batch-kernel launch;
+                  M <= 8 per GEMV launch (one mma n8 tile), M <= 64 per mma.sync batch-kernel
+                  launch, M <= 128 per wgmma batch-kernel launch (compute capability 9.0 only);
                   w4cli.kernels.gemv picks the kernel by M (gemv_path)
 
 Pure (no torch): the command line asks it before anything heavy is imported, so dtypes are named as
@@ -19,17 +20,23 @@ from __future__ import annotations
 
 PACK = 8  # int4 codes per int32 word
 GEMV_MAX_M = 8  # rows of x per GEMV launch
-BATCH_MAX_M = 64  # rows of x per batch-kernel launch
+BATCH_MAX_M = 64  # rows of x per mma.sync batch-kernel launch
 SMALL_LAYER = 4096 * 4096  # weights; at most this, M = 9..16 runs the GEMV twice (latency-bound layers)
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
+# Hopper (compute capability 9.0): the wgmma batch kernel from this M (below it the mma.sync one
+# is faster), up to WGMMA_MAX_M rows per launch; beyond WGMMA_CHUNKED_MAX_M, dequantize + cuBLAS
+WGMMA_MIN_M = 17
+WGMMA_MAX_M = 128
+WGMMA_CHUNKED_MAX_M = 256
 # the batch sizes `w4 verify` runs: every M of the GEMV, then one per path beyond it (batch,
-# batch x2, dequantize + cuBLAS)
-CHECKED_BATCHES = (*range(1, GEMV_MAX_M + 1), 16, BATCH_MAX_M, BATCH_MAX_M + 1, BATCH_CHUNKED_MAX_M + 1)
+# wgmma, batch x2 or wgmma x2, dequantize + cuBLAS)
+CHECKED_BATCHES = (*range(1, GEMV_MAX_M + 1), 16, BATCH_MAX_M, BATCH_MAX_M + 1, WGMMA_MAX_M, WGMMA_MAX_M + 1,
+                   WGMMA_CHUNKED_MAX_M + 1)
 
 
 def checked_batches_text() -> str:
-    """CHECKED_BATCHES as a report names them: "1..8, 16, 64, 65, 129"."""
+    """CHECKED_BATCHES as a report names them: "1..8, 16, 64, 65, 128, 129, 257"."""
     return ", ".join([f"1..{GEMV_MAX_M}", *(str(m) for m in CHECKED_BATCHES[GEMV_MAX_M:])])
 GEMV_GROUP = 32  # the GEMV's group size is a multiple of this, or the whole row
 

@@ -2,7 +2,8 @@
 
 Nothing here builds or touches CUDA at import time: `w4` must import on machines without a GPU.
 The first call that needs a kernel runs `load()`, which compiles `kernels/ops.cpp` plus every
-`kernels/*.cu` with `torch.utils.cpp_extension.load` for the present GPU's architecture only, into
+`kernels/*.cu` with `torch.utils.cpp_extension.load` for the present GPU's architecture only (sm_90a
+on compute capability 9.0, the target that has Hopper's warpgroup MMA), into
 
     $XDG_CACHE_HOME/w4/kernels/<key>   (default ~/.cache/w4/kernels/<key>)
 
@@ -37,7 +38,16 @@ from typing import Any
 
 import torch
 
-from w4cli.contract import BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, OUT_DTYPES, SMALL_LAYER
+from w4cli.contract import (
+    BATCH_CHUNKED_MAX_M,
+    BATCH_MAX_M,
+    GEMV_MAX_M,
+    OUT_DTYPES,
+    SMALL_LAYER,
+    WGMMA_CHUNKED_MAX_M,
+    WGMMA_MAX_M,
+    WGMMA_MIN_M,
+)
 from w4cli.errors import EnvironmentUnavailable
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -186,7 +196,7 @@ def load() -> Any:
     if not cpp_extension.is_ninja_available():
         raise EnvironmentUnavailable("ninja not found (torch's JIT build needs it: pip install ninja)")
 
-    arch = f"{major}{minor}"
+    arch = f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")  # sm_90a: wgmma
     key = cache_key(arch, nvcc_version=_nvcc_version(nvcc))
     name = _extension_name(key)
     build_dir = cache_root() / key
@@ -264,18 +274,32 @@ def dequantize_awq(
 # ---- the w4 GEMV layout: one linear layer, y = x @ W^T (+ bias), by batch size ----
 
 
-def gemv_path(m: int, k: int, n: int) -> str:
+def has_wgmma() -> bool:
+    """Does this machine's GPU have the wgmma batch kernel (compute capability 9.0, built for
+    sm_90a)? False without a CUDA GPU."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     """The kernel `gemv` runs for M rows of activations on a K x N layer, in words (what `w4 gemv`
     prints): "gemv" (M <= 8: the GEMV, one launch), "gemv x2" (M <= 16 on a layer of at most
     SMALL_LAYER weights, where the batch kernel's fixed latency costs more than a second read of
-    the weight), "batch" (M <= 64: the batch kernel, one read of the weight), "batch xC" (C
-    launches of at most 64 rows, each reading the weight), or "dequant+cuBLAS" (the fp16 weight
-    rebuilt on the GPU, then torch's matmul). The limits are contract.py's, measured on the H100
-    (docs/performance.md)."""
+    the weight), "batch" (the mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16
+    where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
+    "batch xC" / "wgmma xC" (C launches of at most 64 / 128 rows, each reading the weight), or
+    "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul). `wgmma`: whether
+    the GPU has the wgmma kernel (None: this machine's, `has_wgmma`). The limits are contract.py's,
+    measured on the H100 (docs/performance.md)."""
+    if wgmma is None:
+        wgmma = has_wgmma()
     if m <= GEMV_MAX_M:
         return "gemv"
     if m <= 2 * GEMV_MAX_M and k * n <= SMALL_LAYER:
         return "gemv x2"
+    if wgmma and m >= WGMMA_MIN_M:
+        if m <= WGMMA_MAX_M:
+            return "wgmma"
+        return f"wgmma x{-(-m // WGMMA_MAX_M)}" if m <= WGMMA_CHUNKED_MAX_M else "dequant+cuBLAS"
     if m <= BATCH_MAX_M:
         return "batch"
     if m <= BATCH_CHUNKED_MAX_M:
@@ -318,13 +342,14 @@ def gemv(
     if path.startswith("gemv"):
         return torch.cat([mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0)
                           for i in range(0, x.shape[0], GEMV_MAX_M)], dim=0)
-    if path.startswith("batch") and scales.data_ptr() % 16:
-        scales = scales.clone()  # the batch kernel copies scales 16 bytes at a time
-    if path == "batch":
-        return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0)
-    if path.startswith("batch"):
-        return torch.cat([mod.gemm_w4_batch(x[i : i + BATCH_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0, 0)
-                          for i in range(0, x.shape[0], BATCH_MAX_M)], dim=0)
+    if path.startswith(("batch", "wgmma")):
+        if scales.data_ptr() % 16:
+            scales = scales.clone()  # the batch kernels copy scales 16 bytes at a time
+        kernel, rows = (2, WGMMA_MAX_M) if path.startswith("wgmma") else (1, BATCH_MAX_M)
+        if x.shape[0] <= rows:
+            return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0, kernel)
+        return torch.cat([mod.gemm_w4_batch(x[i : i + rows].contiguous(), qweight, qzeros, scales, bias, 0, 0, kernel)
+                          for i in range(0, x.shape[0], rows)], dim=0)
     weight = mod.dequantize_w4_gemv(qweight, qzeros, scales, x.shape[1])
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -344,9 +369,11 @@ def _gemv_splits(x: torch.Tensor, *, splits: int, **layer: torch.Tensor | None) 
     return load().gemv_w4(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"), int(splits))
 
 
-def _batch(x: torch.Tensor, *, splits: int = 0, tiles: int = 0, **layer: torch.Tensor | None) -> torch.Tensor:
-    """The batch kernel alone (M <= 64) with its split-K count and 16-row tiles per warp fixed
-    (0 = chosen as `gemv` does). Not for users: the tests fix them to cover every reduction and
-    tile edge, and dev/bench_batch.py sweeps them."""
+def _batch(x: torch.Tensor, *, splits: int = 0, tiles: int = 0, kernel: int = 1,
+           **layer: torch.Tensor | None) -> torch.Tensor:
+    """One batch kernel alone (kernel 1 = mma.sync, M <= 64; 2 = wgmma, M <= 128 on compute
+    capability 9.0) with its split-K count and row tiles fixed (0 = chosen as `gemv` does).
+    Not for users: the tests fix them to cover every kernel, reduction and tile edge, and
+    dev/bench_batch.py sweeps them."""
     return load().gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"),
-                                int(splits), int(tiles))
+                                int(splits), int(tiles), int(kernel))

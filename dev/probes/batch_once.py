@@ -1,0 +1,20 @@
+"""One batch-kernel call per (M, kernel) on 8192x28672, for Nsight Compute to time each kernel of
+the call (the activation permute and the GEMM) alone:
+
+    ncu --metrics gpu__time_duration.sum python3 dev/probes/batch_once.py
+"""
+
+import torch
+
+from w4cli import kernels
+from w4cli.bench import cases
+
+layer = cases.Layer(8192, 28672, 128, seed=1)
+qw, qz, s = layer.gemv(0)
+for m in (16, 64, 128):
+    x = layer.x(m, 0)
+    for kernel in (1, 2):
+        if kernel == 1 and m > 64:
+            continue
+        kernels._batch(x, qweight=qw, qzeros=qz, scales=s, kernel=kernel)
+torch.cuda.synchronize()

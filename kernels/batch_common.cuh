@@ -1,0 +1,266 @@
+// batch_common.cuh: what the two batch kernels share (gemm_w4a16_batch.cu, mma.sync on sm_80+;
+// gemm_w4a16_wgmma.cu, wgmma on sm_90a): their arguments, the cp.async copies of one k-block into
+// a shared-memory stage, and the split-K reduction and output of the accumulators.
+//
+// Both kernels read the w4-gemv layout (gemv_w4a16.cu's header) and hold their accumulators as
+// acc[tile][n8 token tile][4], the mma C fragment: acc[i][nb][e] is output row
+// row0 + step i + g + 8 (e >> 1) and token 8 nb + 2 t + (e & 1) (g = lane / 4, t = lane % 4); the
+// wgmma m64nN accumulator of one warp is the same fragment, so one epilogue serves both.
+// Device code only; sm_80+.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "w4_kernels.h"
+
+namespace w4 {
+
+constexpr int kBatchWarps = 8;
+constexpr int kBatchThreads = kBatchWarps * 32;
+constexpr int kRunSlots = 4;  // 32-k runs per 128-k block (a run never straddles a group)
+
+struct BatchArgs {
+  const __half* __restrict__ x;
+  const uint4* __restrict__ qweight;
+  const uint32_t* __restrict__ qzeros;
+  const __half* __restrict__ scales;
+  const __half* __restrict__ bias;
+  __half* __restrict__ y;
+  float* __restrict__ partial;
+  int* __restrict__ counters;
+  int M, K, N, groups, runs_per_group;
+  int x_stride, x_cols;  // x's row length, and the k below which x holds data (K, or Kp when padded)
+  uint32_t group_magic;
+  int kblocks, kb_per_split, splits, run_slots;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0 reads nothing).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src, bool valid,
+                                                  uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy));
+}
+// qzeros rows are N/2 bytes long, so only 4-byte alignment holds for a block's zero words
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Group of 32-k run r (G % 32 == 0, or a single group); runs past K take the last group.
+__device__ __forceinline__ int group_of_run(uint32_t run, const BatchArgs& a) {
+  int grp = a.runs_per_group == 1 ? (int)run : (int)__umulhi(run, a.group_magic);
+  return a.groups == 1 ? 0 : min(grp, a.groups - 1);
+}
+
+// The copies one thread issues for every stage, addressed once: per stage only the k-block moves.
+// S describes the stage: kRows (rows of N per block), kTokens (x rows staged), the byte offsets
+// kWOff, kXOff, kSOff, kZOff of weights, activations, scales and zeros, and x_dst(r, c), the
+// offset of 16-byte chunk c (0..15) of x row r. The weights land as the block's 16-row tiles of
+// 1 KB in order (two 512-byte qweight tiles each); scales and zeros as [run slot][rows].
+template <typename S>
+struct Loader {
+  static constexpr int kW = (S::kRows * 4) / kBatchThreads;                        // weight chunks per thread
+  static constexpr int kX = (S::kTokens * 16 + kBatchThreads - 1) / kBatchThreads;  // x chunks per thread
+  // Chunk i of a thread is chunk 0's row plus 16 rows (x) or 8 qweight tiles (weights) per i, and
+  // lands a fixed step further in the stage: one address per kind, a validity bit per chunk.
+  const uint4* w;       // weight chunk 0's source at k-block 0
+  const __half* x;      // x chunk 0's source at k-block 0
+  uint32_t wdst, xdst;  // chunk 0's offsets in the stage
+  uint32_t xstep;       // stage offset between chunk i and i + 1 of x
+  int w_tile_stride;    // uint4s between chunk i and i + 1 of the weights (8 qweight tiles)
+  int x_row_stride;     // halves between chunk i and i + 1 of x (16 rows)
+  int xk;               // x chunk 0's k at k-block 0
+  uint32_t wok, xok;    // bit i: chunk i is inside N / inside M
+  const __half* s;      // this thread's scale chunk at group 0
+  const uint32_t* z;
+  uint32_t sdst, zdst;
+  int slot;             // the 32-k run slot this thread copies (-1: none)
+  bool sz_ok;
+
+  __device__ __forceinline__ Loader(const BatchArgs& a, int cb) {
+    const int tid = threadIdx.x;
+    const int words_n = a.N >> 3;
+    const int t8 = 2 * (cb * (S::kRows / 16) + (tid >> 6)) + ((tid >> 5) & 1);  // chunk 0's 8-row qweight tile
+    w = a.qweight + (size_t)t8 * a.kblocks * 32 + (tid & 31);
+    w_tile_stride = 8 * a.kblocks * 32;
+    wdst = S::kWOff + tid * 16;
+    wok = 0;
+#pragma unroll
+    for (int i = 0; i < kW; ++i) wok |= (t8 + 8 * i < words_n ? 1u : 0u) << i;
+    const int r = tid >> 4;
+    x = a.x + (size_t)r * a.x_stride + 8 * (tid & 15);
+    x_row_stride = 16 * a.x_stride;
+    xdst = S::x_dst(r, tid & 15);
+    xstep = S::x_dst(r + 16, tid & 15) - xdst;
+    xk = 8 * (tid & 15);
+    xok = 0;
+#pragma unroll
+    for (int i = 0; i < kX; ++i)
+      xok |= (r + 16 * i < a.M && tid + i * kBatchThreads < S::kTokens * 16 ? 1u : 0u) << i;
+    constexpr int kChunks = S::kRows / 8;  // 8 rows: one 16-byte scale chunk, one zero word
+    slot = tid / kChunks;
+    const int i = tid - slot * kChunks;
+    const int n0 = cb * S::kRows + 8 * i;
+    sz_ok = n0 < a.N;
+    s = a.scales + (sz_ok ? n0 : 0);
+    z = a.qzeros + (sz_ok ? (n0 >> 3) : 0);
+    sdst = S::kSOff + 2 * (slot * S::kRows + 8 * i);
+    zdst = S::kZOff + 4 * (slot * kChunks + i);
+    if (slot >= a.run_slots) slot = -1;
+  }
+
+  // Issue the copies of k-block kb into the stage at shared address st.
+  __device__ __forceinline__ void load(uint32_t st, int kb, const BatchArgs& a, uint64_t policy) const {
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const bool ok = (wok >> i) & 1;
+      cp_async16_policy(st + wdst + i * kBatchThreads * 16, ok ? w + (size_t)i * w_tile_stride + (size_t)kb * 32 : a.qweight,
+                        ok, policy);
+    }
+    const bool k_ok = xk + kb * 128 < a.x_cols;
+#pragma unroll
+    for (int i = 0; i < kX; ++i) {
+      if (S::kTokens * 16 % kBatchThreads == 0 || (int)threadIdx.x + i * kBatchThreads < S::kTokens * 16) {
+        const bool ok = k_ok && ((xok >> i) & 1);
+        cp_async16(st + xdst + i * xstep, ok ? x + (size_t)i * x_row_stride + kb * 128 : a.x, ok);
+      }
+    }
+    if (slot >= 0) {
+      const int grp = group_of_run(4u * kb + slot, a);
+      cp_async16(st + sdst, s + (size_t)grp * a.N, sz_ok);
+      cp_async4(st + zdst, z + (size_t)grp * (a.N >> 3), sz_ok);
+    }
+  }
+};
+
+// f(value, m, n) for each of a warp's accumulators (the fragment in the header; tile i starts at
+// output row row0 + step i).
+template <int NT, int NB, typename F>
+__device__ __forceinline__ void for_each_output(float (&acc)[NT][NB][4], int row0, int step, int lane,
+                                                F&& f) {
+  const int g = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        f(acc[i][nb][e], 8 * nb + 2 * t + (e & 1), row0 + step * i + g + 8 * (e >> 1));
+}
+
+// The block's result, from every thread of the block (it has a block barrier). Split-K (S > 1),
+// deterministic: each block writes its fp32 partial tile to partial[split, m, n]; the last block
+// of a row range to arrive (an atomic counter per row range, zeroed by the caller and left
+// zeroed) adds the S partials in split order, adds the bias and rounds once. The arrival order
+// decides only who adds, never the order of the sum.
+template <int NT, int NB>
+__device__ __forceinline__ void write_result(float (&acc)[NT][NB][4], const BatchArgs& a, int cb, int split,
+                                             int row0, int step, int lane) {
+  if (a.splits > 1) {
+    // every block stores its partial; the last to arrive adds them all in split order (its own
+    // read back too: no second set of registers), each split's values loaded together
+    float* part = a.partial + (size_t)split * a.M * a.N;
+    for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
+      if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, v);
+    });
+    __threadfence();  // this block's partial is visible device-wide before it counts itself in
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(a.counters + cb, 1) == a.splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // order the partial reads after the counter read
+    for (int s = 0; s < a.splits; ++s) {
+      const float* ps = a.partial + (size_t)s * a.M * a.N;
+      for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
+        const float p = (m < a.M && n < a.N) ? __ldcg(ps + (size_t)m * a.N + n) : 0.f;
+        v = s == 0 ? p : v + p;
+      });
+    }
+    if (threadIdx.x == 0) a.counters[cb] = 0;  // left zeroed, as found
+  }
+  for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
+    if (m < a.M && n < a.N) {
+      const float out = a.bias != nullptr ? v + __half2float(a.bias[n]) : v;
+      a.y[(size_t)m * a.N + n] = __float2half_rn(out);
+    }
+  });
+}
+
+constexpr int64_t kSplitLatencyBytes = 20000;  // ~1 us of one SM's share of 3 TB/s
+
+// The split-K count (`requested`, or 0: from the model below) into plan->splits and
+// plan->kb_per_split. stage_bytes: what one block copies per k-block (weights, x, scales).
+inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int per_sm, int64_t stage_bytes,
+                        int64_t M, int rows, BatchPlan* plan) {
+  int best = 1;
+  if (requested > 0) {
+    best = requested < kblocks ? requested : kblocks;
+  } else {
+    // Bytes through the busiest SM: its blocks' stages (weights and activations), a pipeline fill
+    // of 3 stages per round of resident blocks, the split-K partials written and read back, and
+    // the last block's S dependent rounds of partial loads (an L2 round trip each, about what
+    // an SM streams in a microsecond at the copy rate).
+    // Within 4% of the best measured split on the H100 (dev/LOG.md, batch kernel).
+    int64_t best_cost = INT64_MAX;
+    for (int s = 1; s <= 64 && s <= kblocks; ++s) {
+      const int per = (kblocks + s - 1) / s;
+      if ((kblocks + per - 1) / per != s) continue;  // the same split as a smaller s
+      const int64_t blocks = (int64_t)row_blocks * s;
+      const int64_t busiest = (blocks + sms - 1) / sms;
+      const int64_t rounds = (blocks + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
+      const int64_t cost = busiest * per * stage_bytes + 3 * stage_bytes * rounds +
+                           (s > 1 ? busiest * M * rows * 8 + s * kSplitLatencyBytes : 0);
+      if (cost < best_cost) best_cost = cost, best = s;
+    }
+  }
+  const int per = (kblocks + best - 1) / best;
+  plan->kb_per_split = per;
+  plan->splits = (kblocks + per - 1) / per;  // no empty split
+}
+
+// The arguments every launch shares; M, K, N, G already checked by the launcher.
+inline BatchArgs batch_args(const void* x, const int32_t* qweight, const int32_t* qzeros, const void* scales,
+                            const void* bias, void* y, float* partial, int* counters, int64_t M, int64_t K,
+                            int64_t N, int64_t G) {
+  const int groups = static_cast<int>(K / G);
+  BatchArgs a;
+  a.x = static_cast<const __half*>(x);
+  a.qweight = reinterpret_cast<const uint4*>(qweight);
+  a.qzeros = reinterpret_cast<const uint32_t*>(qzeros);
+  a.scales = static_cast<const __half*>(scales);
+  a.bias = static_cast<const __half*>(bias);
+  a.y = static_cast<__half*>(y);
+  a.partial = partial;
+  a.counters = counters;
+  a.M = static_cast<int>(M);
+  a.K = static_cast<int>(K);
+  a.N = static_cast<int>(N);
+  a.x_stride = a.x_cols = static_cast<int>(K);
+  a.groups = groups;
+  // group of a 32-k run r: r / (G/32), exact by the multiply-high (gemv_w4a16.cu says why)
+  a.runs_per_group = G % 32 == 0 ? static_cast<int>(G / 32) : 1;
+  a.group_magic = a.runs_per_group > 1 ? static_cast<uint32_t>((uint64_t{1} << 32) / a.runs_per_group + 1) : 0u;
+  a.kblocks = static_cast<int>((K + 127) / 128);
+  a.run_slots = (groups == 1 || G % 128 == 0) ? 1 : kRunSlots;
+  return a;
+}
+
+}  // namespace w4
