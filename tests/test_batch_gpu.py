@@ -31,10 +31,11 @@ def kernel_or_skip(kernel: int) -> int:
 
 # every M the issue names, through the public entry (gemv, batch, wgmma, their chunked forms and
 # dequant+cuBLAS);
-# K = 4224 is 33 k-blocks, N = 1032 ends in a half-empty 16-row tile inside a partial row block
+# K = 4224 is 33 k-blocks, N = 8200 ends in a half-empty 16-row tile inside a partial row block;
+# 34.6 M weights: large enough for every path (contract.TINY_LAYER, WGMMA_CHUNKED_MIN_LAYER)
 @pytest.mark.parametrize("m", [9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 300])
 def test_exact_every_batch_size_with_bias(kernels, m):
-    k, n, g = 4224, 1032, 128
+    k, n, g = 4224, 8200, 128
     layer = make_layer(k, n, g, seed=m, exact=True)
     x = activations(m, k, seed=200 + m, exact=True)
     bias = exact_bias(n, m)
@@ -175,7 +176,7 @@ def test_gpu_dequantize_extreme_scales(kernels):
 
 
 def test_unaligned_scales_take_every_path(kernels):
-    k, n, g = 1024, 48, 128
+    k, n, g = 4096, 8200, 128  # large enough for every path
     layer = make_layer(k, n, g, seed=9, exact=True)
     store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
     odd = store[1:].view(k // g, n)

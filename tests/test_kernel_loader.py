@@ -215,10 +215,10 @@ def test_module_reimports_cleanly():
 
 def test_gemv_paths_by_batch_size_and_shape():
     from w4cli import kernels
-    from w4cli.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, WGMMA_CHUNKED_MAX_M, WGMMA_MAX_M,
-                                WGMMA_MIN_M)
+    from w4cli.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, TINY_LAYER_DEQUANT_M,
+                                WGMMA_CHUNKED_MAX_M, WGMMA_MAX_M, WGMMA_MIN_M)
 
-    big, small = (8192, 8192), (4096, 1024)
+    big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
     for wgmma in (False, True):
         assert kernels.gemv_path(GEMV_MAX_M, *big, wgmma=wgmma) == "gemv"
@@ -235,3 +235,8 @@ def test_gemv_paths_by_batch_size_and_shape():
     assert kernels.gemv_path(WGMMA_MAX_M + 1, *big, wgmma=True) == "wgmma x2"
     assert kernels.gemv_path(WGMMA_CHUNKED_MAX_M, *big, wgmma=True) == "wgmma x2"
     assert kernels.gemv_path(WGMMA_CHUNKED_MAX_M + 1, *big, wgmma=True) == "dequant+cuBLAS"
+    assert kernels.gemv_path(WGMMA_MAX_M + 1, *medium, wgmma=True) == "dequant+cuBLAS"  # below the chunking's size
+    for wgmma in (False, True):  # k_proj-sized layers fill too few SMs from 64 rows on
+        assert kernels.gemv_path(TINY_LAYER_DEQUANT_M - 1, *small, wgmma=wgmma) != "dequant+cuBLAS"
+        assert kernels.gemv_path(TINY_LAYER_DEQUANT_M, *small, wgmma=wgmma) == "dequant+cuBLAS"
+        assert kernels.gemv_path(TINY_LAYER_DEQUANT_M, *medium, wgmma=wgmma) != "dequant+cuBLAS"

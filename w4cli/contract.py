@@ -25,10 +25,16 @@ SMALL_LAYER = 4096 * 4096  # weights; at most this, M = 9..16 runs the GEMV twic
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
 # Hopper (compute capability 9.0): the wgmma batch kernel from this M (below it the mma.sync one
-# is faster), up to WGMMA_MAX_M rows per launch; beyond WGMMA_CHUNKED_MAX_M, dequantize + cuBLAS
+# is faster), up to WGMMA_MAX_M rows per launch; up to WGMMA_CHUNKED_MAX_M in launches of
+# WGMMA_MAX_M rows on layers of at least WGMMA_CHUNKED_MIN_LAYER weights, else dequantize + cuBLAS
 WGMMA_MIN_M = 17
 WGMMA_MAX_M = 128
 WGMMA_CHUNKED_MAX_M = 256
+WGMMA_CHUNKED_MIN_LAYER = 4096 * 8192
+# layers of at most this many weights (k_proj, v_proj: N = 1024) fill too few SMs for the batch
+# kernels: from TINY_LAYER_DEQUANT_M rows, dequantize + cuBLAS is faster there
+TINY_LAYER = 8192 * 1024
+TINY_LAYER_DEQUANT_M = 64
 # the batch sizes `w4 verify` runs: every M of the GEMV, then one per path beyond it (batch,
 # wgmma, batch x2 or wgmma x2, dequantize + cuBLAS)
 CHECKED_BATCHES = (*range(1, GEMV_MAX_M + 1), 16, BATCH_MAX_M, BATCH_MAX_M + 1, WGMMA_MAX_M, WGMMA_MAX_M + 1,

@@ -44,7 +44,10 @@ from w4cli.contract import (
     GEMV_MAX_M,
     OUT_DTYPES,
     SMALL_LAYER,
+    TINY_LAYER,
+    TINY_LAYER_DEQUANT_M,
     WGMMA_CHUNKED_MAX_M,
+    WGMMA_CHUNKED_MIN_LAYER,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
 )
@@ -287,19 +290,24 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     the weight), "batch" (the mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16
     where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
     "batch xC" / "wgmma xC" (C launches of at most 64 / 128 rows, each reading the weight), or
-    "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul). `wgmma`: whether
-    the GPU has the wgmma kernel (None: this machine's, `has_wgmma`). The limits are contract.py's,
-    measured on the H100 (docs/performance.md)."""
+    "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
+    on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
+    the wgmma kernel (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
+    on the H100 (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
     if m <= GEMV_MAX_M:
         return "gemv"
     if m <= 2 * GEMV_MAX_M and k * n <= SMALL_LAYER:
         return "gemv x2"
+    if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
+        return "dequant+cuBLAS"
     if wgmma and m >= WGMMA_MIN_M:
         if m <= WGMMA_MAX_M:
             return "wgmma"
-        return f"wgmma x{-(-m // WGMMA_MAX_M)}" if m <= WGMMA_CHUNKED_MAX_M else "dequant+cuBLAS"
+        if m <= WGMMA_CHUNKED_MAX_M and k * n >= WGMMA_CHUNKED_MIN_LAYER:
+            return f"wgmma x{-(-m // WGMMA_MAX_M)}"
+        return "dequant+cuBLAS"
     if m <= BATCH_MAX_M:
         return "batch"
     if m <= BATCH_CHUNKED_MAX_M:

@@ -1,8 +1,10 @@
-"""One batch-kernel call per (M, kernel) on 8192x28672, for Nsight Compute to time each kernel of
-the call (the activation permute and the GEMM) alone:
+"""One batch-kernel call per (M, kernel) on 8192x28672, for Nsight Compute to look at each kernel
+of the call (the activation permute and the GEMM) alone:
 
-    ncu --metrics gpu__time_duration.sum python3 dev/probes/batch_once.py
+    ncu --metrics gpu__time_duration.sum python3 dev/probes/batch_once.py [M ...]
 """
+
+import sys
 
 import torch
 
@@ -11,7 +13,7 @@ from w4cli.bench import cases
 
 layer = cases.Layer(8192, 28672, 128, seed=1)
 qw, qz, s = layer.gemv(0)
-for m in (16, 64, 128):
+for m in [int(v) for v in sys.argv[1:]] or (16, 64, 128):
     x = layer.x(m, 0)
     for kernel in (1, 2):
         if kernel == 1 and m > 64:
