@@ -66,7 +66,8 @@ def validate(
             raise InputRefused(f"in_features {k} is not a multiple of group_size {g}")
     groups = k // g
     if tuple(weight_scale.shape) != (n, groups):
-        raise InputRefused(f"weight_scale has shape {list(weight_scale.shape)}; strategy {args.strategy} with {[n, k]} needs [{n}, {groups}]")
+        grouping = "strategy channel" if args.strategy == "channel" else f"group_size {g}"
+        raise InputRefused(f"weight_scale has shape {list(weight_scale.shape)}; {grouping} with weight_shape {[n, k]} needs [{n}, {groups}]")
     if args.symmetric and weight_zero_point is not None:
         raise InputRefused("weight_zero_point is present but its config group is symmetric")
     if not args.symmetric:
