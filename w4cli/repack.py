@@ -24,6 +24,20 @@ from w4cli.writer import OutputTensor
 DEQUANTIZE_STILL_WORKS = "w4 dequantize still reads the checkpoint"
 
 
+def w4_gemv_layer(model: QuantModel, layer: QuantLinear, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One linear's w4-gemv tensors (qweight, qzeros, scales, meta) from its tensors `t`, whatever
+    its layout: the one conversion `w4 repack` writes and the GPU checks run in memory. Raises
+    InputRefused, naming the layer, for what the layout cannot hold (contract.gemv_refusal, a
+    permuting g_idx)."""
+    if layer.layout == W4_GEMV:
+        return {suffix: t[layer.tensor(suffix)] for suffix in w4_gemv.TENSOR_NAMES}
+    awq = awq_tensors(model.scheme, layer, t)
+    try:
+        return w4_gemv.repack_from_awq(*awq)
+    except InputRefused as exc:
+        raise InputRefused(f"{layer.prefix}: {exc}") from None
+
+
 class _LastLayer:
     """One linear's repacked tensors, kept while its four output tensors are written in a row, so
     each layer is read and repacked once."""
@@ -35,12 +49,7 @@ class _LastLayer:
 
     def get(self, layer: QuantLinear, suffix: str) -> torch.Tensor:
         if self.prefix != layer.prefix:
-            t = self.model.checkpoint.read(*layer.tensor_names)
-            awq = awq_tensors(self.model.scheme, layer, t)
-            try:
-                self.tensors = w4_gemv.repack_from_awq(*awq)
-            except InputRefused as exc:
-                raise InputRefused(f"{layer.prefix}: {exc}") from None
+            self.tensors = w4_gemv_layer(self.model, layer, self.model.checkpoint.read(*layer.tensor_names))
             self.prefix = layer.prefix
         return self.tensors[suffix]
 

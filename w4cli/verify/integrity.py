@@ -23,6 +23,7 @@ from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
 from w4cli.layers import QuantModel, check_group_maps, check_padding, check_scales, check_unquantized, check_zero_points, find_layers
 from w4cli.quant_config import COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
+from w4cli.repack import w4_gemv_layer
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
 from w4cli.verify.report import Report, run_check, skip
@@ -121,11 +122,7 @@ def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], s
         failures, skipped, worst = [], [], 0.0
         for i, layer in enumerate(model.layers.values()):
             try:
-                if layer.layout == W4_GEMV:
-                    tensors = model.checkpoint.read(*layer.tensor_names)
-                    w4 = {suffix: tensors[f"{layer.prefix}.{suffix}"] for suffix in w4_gemv.TENSOR_NAMES}
-                else:
-                    w4 = w4_gemv.repack_from_awq(*_layer_inputs(model, layer))
+                w4 = w4_gemv_layer(model, layer, model.checkpoint.read(*layer.tensor_names))
             except InputRefused as exc:  # bf16 scales, or a shape the GEMV kernel does not take
                 skipped.append(f"{layer.prefix} ({exc})")
                 advance(f"gemv {layer.prefix}")
