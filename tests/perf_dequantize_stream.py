@@ -1,10 +1,13 @@
 """Streaming benchmark (not a test): peak memory and throughput of `w4 dequantize` on a synthetic
-Llama-7B-shaped AWQ checkpoint (32 layers, hidden 4096, intermediate 11008, vocab 32000, G=128).
+Llama-7B-shaped checkpoint (32 layers, hidden 4096, intermediate 11008, vocab 32000, G=128) in one
+of the formats w4 reads: AWQ gemm (the default), GPTQ (v1, asymmetric, g_idx k // G, fp16
+scales) or compressed-tensors (pack-quantized, symmetric W4A16, bf16 scales).
 
     make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR] [--device cuda]
+                                 #     [--format awq|gptq|compressed-tensors]
 
-Builds the ~3.9 GB input once (kept in WORKDIR, default w4-stream in the temp directory; needs
-~35 GB free), then runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and
+Builds the ~3.9 GB input once per format (kept in WORKDIR, default w4-stream in the temp
+directory; needs ~35 GB free), then runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and
 reports its peak RSS (that child's own, from wait4) and MB/s written, beside the time a plain `cp`
 of the output takes (the disk's pace).
 """
@@ -40,7 +43,36 @@ def awq_linear(k: int, n: int, gen):
     return {"qweight": full(k, n // 8), "qzeros": full(k // G, n // 8), "scales": scales}
 
 
-def build(root: Path) -> None:
+def gptq_linear(k: int, n: int, gen):
+    import torch
+
+    full = lambda *shape: torch.randint(-(2**31), 2**31, shape, generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = (torch.rand(k // G, n, generator=gen) * 0.01 + 1e-3).half()
+    g_idx = (torch.arange(k) // G).to(torch.int32)
+    return {"qweight": full(k // 8, n), "qzeros": full(k // G, n // 8), "scales": scales, "g_idx": g_idx}
+
+
+def ct_linear(k: int, n: int, gen):
+    import torch
+
+    packed = torch.randint(-(2**31), 2**31, (n, k // 8), generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = (torch.rand(n, k // G, generator=gen) * 0.01 + 1e-3).bfloat16()
+    return {"weight_packed": packed, "weight_scale": scales, "weight_shape": torch.tensor([n, k])}
+
+
+LINEAR_BUILDERS = {"awq": awq_linear, "gptq": gptq_linear, "compressed-tensors": ct_linear}
+QUANTIZATION_CONFIGS = {
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": G, "version": "gemm", "zero_point": True},
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": G, "desc_act": False, "sym": False, "checkpoint_format": "gptq"},
+    "compressed-tensors": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": G, "dynamic": False}}},
+    },
+}
+
+
+def build(root: Path, fmt: str = "awq") -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -72,7 +104,7 @@ def build(root: Path) -> None:
         add(f"{base}.input_layernorm.weight", torch.ones(HIDDEN).half())
         add(f"{base}.post_attention_layernorm.weight", torch.ones(HIDDEN).half())
         for name, (k, n) in LINEARS.items():
-            for part, value in awq_linear(k, n, gen).items():
+            for part, value in LINEAR_BUILDERS[fmt](k, n, gen).items():
                 add(f"{base}.{name}.{part}", value)
     add("model.norm.weight", torch.ones(HIDDEN).half())
     add("lm_head.weight", (torch.randn(VOCAB, HIDDEN, generator=gen) * 0.02).half())
@@ -89,25 +121,26 @@ def build(root: Path) -> None:
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
         "intermediate_size": INTER, "num_hidden_layers": LAYERS, "vocab_size": VOCAB, "torch_dtype": "float16",
-        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": G, "version": "gemm", "zero_point": True},
+        "quantization_config": QUANTIZATION_CONFIGS[fmt],
     }
     (root / "config.json").write_text(json.dumps(config))
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--build"]:
-        build(Path(sys.argv[2]))
+        build(Path(sys.argv[2]), sys.argv[3])
         return
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir", nargs="?", default=str(Path(tempfile.gettempdir()) / "w4-stream"))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--format", choices=sorted(LINEAR_BUILDERS), default="awq")
     options = parser.parse_args()
     device, work = options.device, Path(options.workdir)
-    src, out, copy = work / "awq-7b", work / "dense", work / "dense-copy"
+    src, out, copy = work / f"{options.format}-7b", work / "dense", work / "dense-copy"
     # built in a child, so the tensors it generates never inflate this process
-    subprocess.run([sys.executable, __file__, "--build", str(src)], check=True)
+    subprocess.run([sys.executable, __file__, "--build", str(src), options.format], check=True)
     for path in (out, copy):
         shutil.rmtree(path, ignore_errors=True)
     start = time.perf_counter()
@@ -133,6 +166,7 @@ def main() -> None:
     shutil.rmtree(copy, ignore_errors=True)
     written = summary["bytes_out"] / 1e6
     print(f"input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in {sum(f.endswith('.safetensors') for f in summary['files'])} shards")
+    print(f"{options.format} -> {summary['dtype']}")
     print(f"w4 dequantize --device {device}: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
     print(f"  of which reading {summary['read_seconds']:.1f} s, compute {summary['compute_seconds']:.1f} s, writing {summary['write_seconds']:.1f} s: bound by {summary['bound_by']}")
     print(f"cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s")

@@ -108,8 +108,9 @@ def test_non_finite_or_zero_scale(tmp_path, w4, bad):
         ({"bits": 8}, "8 bits"),
         ({"zero_point": False}, "zero_point false"),
         ({"backend": "llm-awq"}, "llm-awq"),
-        ({"quant_method": "gptq", "checkpoint_format": "gptq"}, "quant_method 'gptq'"),
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format 'pack-quantized'"),
+        ({"quant_method": "gptq", "checkpoint_format": "marlin"}, "GPTQ checkpoint_format 'marlin'"),
+        ({"quant_method": "compressed-tensors", "format": "float-quantized"}, "format 'float-quantized'"),
+        ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes'"),
     ],
 )
 def test_unsupported_formats_name_what_was_found(tmp_path, w4, quant, named):
@@ -131,10 +132,10 @@ def test_unsupported_format_is_refused_before_the_weights_are_fetched(tmp_path, 
     The cache holds config.json only, so reaching for the weights would fail differently."""
     src = tmp_path / "src"
     src.mkdir()
-    (src / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    (src / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 8}}))
     install_hub_cache(tmp_path / "hub", "org/gptq", src)
     result = w4("dequantize", "org/gptq", tmp_path / "out", "--cache-dir", tmp_path / "hub")
-    assert_refused(result, tmp_path / "out", "quant_method 'gptq'")
+    assert_refused(result, tmp_path / "out", "GPTQ with 8 bits")
 
 
 def test_pickle_only_repo(tmp_path, w4):

@@ -1,11 +1,12 @@
-"""The dequantize step: every AWQ linear becomes `<prefix>.weight` [N, K] = (q - z) * s, rounded
-once to the output dtype; activation scales are folded into the linear they feed; everything else
-is cast and copied.
+"""The dequantize step: every quantized linear (AWQ, GPTQ, compressed-tensors, w4-gemv) becomes
+`<prefix>.weight` [N, K] = (q - z) * s, rounded once to the output dtype; activation scales are
+folded into the linear they feed; everything else is cast and copied.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,26 +14,43 @@ import torch
 from w4cli import console
 from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
 from w4cli.checkpoint import FLOAT_CODES
-from w4cli.contract import OUT_DTYPES
-from w4cli.formats import awq_gemm
-from w4cli.errors import EnvironmentUnavailable
-from w4cli.formats import w4_gemv
+from w4cli.contract import OUT_DTYPES, PACK
+from w4cli.errors import EnvironmentUnavailable, InputRefused
+from w4cli.formats import awq_gemm, compressed_tensors, gptq, w4_gemv
+from w4cli.formats.unpacked import UnpackedLinear
 from w4cli.layers import QuantLinear, QuantModel
-from w4cli.quant_config import W4_GEMV
+from w4cli.quant_config import AWQ_GEMM, GPTQ, W4_GEMV, QuantScheme
 from w4cli.writer import OutputTensor
 
 DTYPES = {name: getattr(torch, name) for name in OUT_DTYPES}  # what --dtype names, as torch dtypes
 
 # (qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N], dtype) -> [N, K] dtype on the CPU;
 # dtype float32 must be the exact product (q - z) * s
-Dequantizer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+AwqDequantizer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Dequantizer:
+    """Where linears are dequantized: "cpu" (the pure-torch reference) or "cuda" (w4's kernel,
+    which takes the AWQ gemm layout)."""
+
+    device: str
+    awq: AwqDequantizer
+
+    def unpacked(self, layer: UnpackedLinear, dtype: torch.dtype) -> torch.Tensor:
+        """A GPTQ or compressed-tensors linear. The GPU takes it in the AWQ layout, the same weights
+        losslessly; a permuting g_idx (act-order) or N not a multiple of 8 has no AWQ form, so those
+        layers run on the CPU reference, bit-identical either way."""
+        if self.device == "cpu" or layer.g_idx is not None or layer.shape[0] % PACK:
+            return layer.dequantize(dtype)
+        return self.awq(*layer.to_awq(), dtype)
 
 
 def cpu_dequantizer(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return awq_gemm.dequantize(qweight, qzeros, scales, dtype=dtype, transpose=True)
 
 
-def _cuda_dequantizer(kernels) -> Dequantizer:
+def _cuda_dequantizer(kernels) -> AwqDequantizer:
     # The output is 4x the input, so the copy back dominates: it goes through one pinned staging
     # buffer (a DMA at full PCIe/NVLink-C2C speed, where pageable memory is staged by the driver in
     # small pieces), grown to the largest layer and reused, then into ordinary memory. Pinned
@@ -52,19 +70,24 @@ def _cuda_dequantizer(kernels) -> Dequantizer:
     return run
 
 
+def reference() -> Dequantizer:
+    """The CPU reference: deterministic, the oracle the kernel is checked against."""
+    return Dequantizer("cpu", cpu_dequantizer)
+
+
 def select_dequantizer(device: str) -> tuple[str, Dequantizer]:
     """The GPU kernel when asked for or when auto finds it usable; the CPU reference otherwise."""
     if device == "cpu":
-        return "cpu", cpu_dequantizer
+        return "cpu", reference()
     from w4cli import kernels
 
     usable, reason = kernels.probe()
     if usable:
-        return "cuda", _cuda_dequantizer(kernels)
+        return "cuda", Dequantizer("cuda", _cuda_dequantizer(kernels))
     if device == "cuda":
         raise EnvironmentUnavailable(reason)
     console.note(f"note: {reason}; dequantizing with the CPU reference (--device cpu silences this)")
-    return "cpu", cpu_dequantizer
+    return "cpu", reference()
 
 
 def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -77,13 +100,47 @@ def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch
     return (weight.to(torch.float64) / act_scales.to(torch.float64).view(1, -1)).to(dtype)
 
 
-def awq_tensors(layer: QuantLinear, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_layer(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor]) -> UnpackedLinear:
+    """A GPTQ or compressed-tensors linear's codes, zeros and scales, from its tensors `t`."""
+    optional = {suffix: t.get(layer.tensor(suffix)) for suffix in layer.optional}
+    if layer.layout == GPTQ:
+        assert scheme.gptq is not None
+        return gptq.unpack_linear(
+            t[layer.qweight], t[layer.qzeros], t[layer.scales], optional.get("g_idx"), layer.group_size, scheme.gptq.v1
+        )
+    assert scheme.ct is not None
+    return compressed_tensors.unpack_linear(
+        t[layer.tensor("weight_packed")],
+        t[layer.scales],
+        optional.get("weight_zero_point"),
+        optional.get("weight_g_idx"),
+        (layer.out_features, layer.in_features),
+        scheme.ct.weights_for(layer.prefix),
+    )
+
+
+def awq_tensors(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One linear's (qweight, qzeros, scales) in the AWQ gemm layout, whatever layout it is stored
-    in: the kernels and the reference take that one layout, and w4-gemv converts back losslessly."""
+    in: the kernels take that one layout, and every other layout converts to it losslessly
+    (InputRefused for a layer that has no AWQ form: a permuting g_idx, N not a multiple of 8)."""
+    if layer.layout == AWQ_GEMM:
+        return t[layer.qweight], t[layer.qzeros], t[layer.scales]
     if layer.layout == W4_GEMV:
         awq = w4_gemv.to_awq(*(t[name] for name in layer.tensor_names))
         return awq["qweight"], awq["qzeros"], awq["scales"]
-    return t[layer.qweight], t[layer.qzeros], t[layer.scales]
+    unpacked = unpack_layer(scheme, layer, t)
+    if unpacked.g_idx is not None:
+        raise InputRefused(f"{layer.prefix}: its g_idx permutes the groups (act-order), which the AWQ layout the kernels take cannot express")
+    if layer.out_features % PACK:
+        raise InputRefused(f"{layer.prefix}: out_features {layer.out_features} is not a multiple of {PACK}, which the AWQ layout the kernels take needs")
+    return unpacked.to_awq()
+
+
+def layer_weight(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor], dtype: torch.dtype, dequantizer: Dequantizer) -> torch.Tensor:
+    """[N, K] in dtype from one linear's tensors `t`, whatever its layout."""
+    if layer.layout in (AWQ_GEMM, W4_GEMV):
+        return dequantizer.awq(*awq_tensors(scheme, layer, t), dtype)
+    return dequantizer.unpacked(unpack_layer(scheme, layer, t), dtype)
 
 
 def _layer_tensor(model: QuantModel, layer: QuantLinear, dtype: torch.dtype, dequantizer: Dequantizer) -> OutputTensor:
@@ -94,8 +151,8 @@ def _layer_tensor(model: QuantModel, layer: QuantLinear, dtype: torch.dtype, deq
     def produce() -> torch.Tensor:
         t = checkpoint.read(*inputs)
         if act is None:
-            return dequantizer(*awq_tensors(layer, t), dtype)
-        exact = dequantizer(*awq_tensors(layer, t), torch.float32)
+            return layer_weight(model.scheme, layer, t, dtype, dequantizer)
+        exact = layer_weight(model.scheme, layer, t, torch.float32, dequantizer)
         return fold_act_scales(exact, t[act.name], dtype)
 
     return OutputTensor(
@@ -137,11 +194,15 @@ def plan_tensors(model: QuantModel, dtype: torch.dtype, dequantizer: Dequantizer
     return tensors
 
 
-def choose_dtype(requested: str, model: QuantModel) -> tuple[str, str]:
+def choose_dtype(requested: str | None, model: QuantModel) -> tuple[str, str]:
     """(output dtype, where it came from) for `--dtype requested`: a name or its alias as given;
     auto, the checkpoint's own. That is the dtype of the scales when every quantized layer agrees,
-    since AWQ's reference computes (q - z) * s in the scales' dtype; else config.json's `dtype`
-    (`torch_dtype` in older files); float16 when neither names one."""
+    since each format's reference computes (q - z) * s in the scales' dtype; else config.json's
+    `dtype` (`torch_dtype` in older files); float16 when neither names one. Without --dtype
+    (None): float16 for AWQ and w4-gemv, whose scales are float16; auto for GPTQ and
+    compressed-tensors, whose scales are often bfloat16 and whose libraries keep that dtype."""
+    if requested is None:
+        requested = "float16" if model.scheme.layout in (AWQ_GEMM, W4_GEMV) else "auto"
     if requested != "auto":
         return next((name for name, short in OUT_DTYPES.items() if requested in (name, short)), requested), "--dtype"
     scales = {torch_dtype_name(model.checkpoint.tensors[layer.scales].dtype) for layer in model.layers.values()}

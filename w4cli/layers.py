@@ -1,8 +1,9 @@
 """Split a quantized checkpoint's tensors into quantized linears, activation scales and plain
 tensors, checking every shape against the others and against the quantization config, and check
-the values (scales, unquantized tensors, w4-gemv padding). Both layouts w4 reads (AWQ gemm and its
-own w4-gemv) come through here, and this is the one validation: every command that reads a
-quantized checkpoint refuses on it, and `w4 verify MODEL` reports it row by row.
+the values (scales, unquantized tensors, w4-gemv padding, GPTQ group maps and zero points). Every
+layout w4 reads (AWQ gemm, GPTQ, compressed-tensors pack-quantized and its own w4-gemv) comes
+through here, and this is the one validation: every command that reads a quantized checkpoint
+refuses on it, and `w4 verify MODEL` reports it row by row.
 """
 
 from __future__ import annotations
@@ -13,18 +14,28 @@ import torch
 
 from w4cli.checkpoint import DTYPES, FLOAT_CODES, Checkpoint, TensorInfo
 from w4cli.errors import InputRefused
+from w4cli.formats import compressed_tensors, gptq
 from w4cli.formats.awq_gemm import PACK
-from w4cli.quant_config import AWQ_GEMM, W4_GEMV, QuantScheme
+from w4cli.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme
 
-QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "meta")
-LAYOUT_SUFFIXES = {AWQ_GEMM: ("qweight", "qzeros", "scales"), W4_GEMV: ("qweight", "qzeros", "scales", "meta")}
+# each layout's tensors of one linear: the required ones first, the first of them naming the
+# linear; then the optional ones
+LAYOUT_SUFFIXES = {
+    AWQ_GEMM: ("qweight", "qzeros", "scales"),
+    W4_GEMV: ("qweight", "qzeros", "scales", "meta"),
+    GPTQ: gptq.REQUIRED + gptq.OPTIONAL,
+    COMPRESSED_TENSORS: compressed_tensors.REQUIRED + compressed_tensors.OPTIONAL,
+}
+REQUIRED_SUFFIXES = {AWQ_GEMM: 3, W4_GEMV: 4, GPTQ: len(gptq.REQUIRED), COMPRESSED_TENSORS: len(compressed_tensors.REQUIRED)}
+QUANT_SUFFIXES = tuple(dict.fromkeys(suffix for suffixes in LAYOUT_SUFFIXES.values() for suffix in suffixes))
+SCALES_SUFFIX = {COMPRESSED_TENSORS: "weight_scale"}  # else "scales"
 SCALE_CODES = {"F16", "BF16"}
 
 
 @dataclass(frozen=True)
 class QuantLinear:
     """One quantized linear. AWQ gemm: qweight [K, N/8] int32, qzeros [K/G, N/8] int32,
-    scales [K/G, N]; w4-gemv: see w4cli/formats/w4_gemv.py (adds `meta`)."""
+    scales [K/G, N]; w4-gemv, GPTQ, compressed-tensors: see their modules in w4cli/formats/."""
 
     prefix: str
     in_features: int  # K
@@ -32,10 +43,19 @@ class QuantLinear:
     group_size: int  # G (K for one group)
     bias: str | None
     layout: str = AWQ_GEMM
+    optional: tuple[str, ...] = ()  # the layout's optional tensors this linear has (g_idx, ...)
+
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        suffixes = LAYOUT_SUFFIXES[self.layout]
+        return suffixes[: REQUIRED_SUFFIXES[self.layout]] + tuple(s for s in suffixes if s in self.optional)
 
     @property
     def tensor_names(self) -> list[str]:
-        return [f"{self.prefix}.{suffix}" for suffix in LAYOUT_SUFFIXES[self.layout]]
+        return [f"{self.prefix}.{suffix}" for suffix in self.suffixes]
+
+    def tensor(self, suffix: str) -> str:
+        return f"{self.prefix}.{suffix}"
 
     @property
     def qweight(self) -> str:
@@ -47,7 +67,7 @@ class QuantLinear:
 
     @property
     def scales(self) -> str:
-        return f"{self.prefix}.scales"
+        return f"{self.prefix}.{SCALES_SUFFIX.get(self.layout, 'scales')}"
 
     @property
     def weight(self) -> str:
@@ -142,6 +162,44 @@ def _check_layer(prefix: str, t: dict[str, TensorInfo], scheme: QuantScheme, bia
     return QuantLinear(prefix, k, n, g, bias.name if bias else None)
 
 
+def _stand_in(info: TensorInfo) -> torch.Tensor:
+    """A meta-device tensor of the tensor's shape and dtype: format modules check shapes on it
+    without reading any data."""
+    return torch.empty(info.shape, dtype=DTYPES[info.dtype], device="meta")
+
+
+def _check_gptq_layer(prefix: str, t: dict[str, TensorInfo], scheme: QuantScheme, bias: TensorInfo | None) -> QuantLinear:
+    g_idx = _stand_in(t["g_idx"]) if "g_idx" in t else None
+    try:
+        k, n, g = gptq.validate(_stand_in(t["qweight"]), _stand_in(t["qzeros"]), _stand_in(t["scales"]), g_idx, scheme.group_size)
+    except InputRefused as exc:
+        raise InputRefused(f"{prefix}: {exc}") from None
+    _check_bias(bias, n)
+    return QuantLinear(prefix, k, n, g, bias.name if bias else None, GPTQ, tuple(s for s in gptq.OPTIONAL if s in t))
+
+
+def _check_ct_layer(checkpoint: Checkpoint, prefix: str, t: dict[str, TensorInfo], scheme: QuantScheme, bias: TensorInfo | None) -> QuantLinear:
+    """compressed-tensors: the config group that targets the layer gives its strategy, group size
+    and symmetry; weight_shape (two integers, read here) gives N and K."""
+    assert scheme.ct is not None
+    args = scheme.ct.weights_for(prefix)
+    shape_info = t["weight_shape"]
+    _expect(
+        shape_info.dtype in ("I64", "I32") and shape_info.shape == (2,),
+        f"{shape_info.name} is {shape_info.dtype} {list(shape_info.shape)}; expected I64 (or I32) [2]",
+    )
+    n, k = (int(v) for v in checkpoint.read_one(shape_info.name).tolist())
+    optional = {s: _stand_in(t[s]) if s in t else None for s in compressed_tensors.OPTIONAL}
+    try:
+        k, n, g = compressed_tensors.validate(
+            _stand_in(t["weight_packed"]), _stand_in(t["weight_scale"]), optional["weight_zero_point"], optional["weight_g_idx"], (n, k), args
+        )
+    except InputRefused as exc:
+        raise InputRefused(f"{prefix}: {exc}") from None
+    _check_bias(bias, n)
+    return QuantLinear(prefix, k, n, g, bias.name if bias else None, COMPRESSED_TENSORS, tuple(s for s in compressed_tensors.OPTIONAL if s in t))
+
+
 def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
     tensors = checkpoint.tensors
     parts: dict[str, dict[str, TensorInfo]] = {}
@@ -150,26 +208,31 @@ def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
         if suffix in QUANT_SUFFIXES:
             parts.setdefault(prefix, {})[suffix] = info
 
+    suffixes = LAYOUT_SUFFIXES[scheme.layout]
+    anchor, required = suffixes[0], suffixes[: REQUIRED_SUFFIXES[scheme.layout]]
     layers: dict[str, QuantLinear] = {}
     act_candidates: list[TensorInfo] = []
     for prefix, found in parts.items():
-        if "qweight" in found:
-            suffixes = LAYOUT_SUFFIXES[scheme.layout]
-            for suffix in suffixes[1:]:
-                _expect(suffix in found, f"{prefix}.qweight has no {prefix}.{suffix}")
+        if anchor in found:
+            for suffix in required[1:]:
+                _expect(suffix in found, f"{prefix}.{anchor} has no {prefix}.{suffix}")
             bias = tensors.get(f"{prefix}.bias")
             if scheme.layout == W4_GEMV:
                 layer = _check_w4_layer(checkpoint, prefix, found, scheme, bias)
+            elif scheme.layout == GPTQ:
+                layer = _check_gptq_layer(prefix, found, scheme, bias)
+            elif scheme.layout == COMPRESSED_TENSORS:
+                layer = _check_ct_layer(checkpoint, prefix, found, scheme, bias)
             else:
                 layer = _check_layer(prefix, found, scheme, bias)
-            _expect(layer.weight not in tensors, f"{prefix} has both qweight and weight; which one is the layer?")
+            _expect(layer.weight not in tensors, f"{prefix} has both {anchor} and weight; which one is the layer?")
             layers[prefix] = layer
         elif set(found) == {"scales"} and len(found["scales"].shape) == 1:
             act_candidates.append(found["scales"])
         else:
             extra = sorted(found)[0]
-            raise InputRefused(f"{prefix}.{extra} has no {prefix}.qweight: a stray quantization tensor")
-    _expect(bool(layers), "no quantized linear (no *.qweight tensor) in the checkpoint")
+            raise InputRefused(f"{prefix}.{extra} has no {prefix}.{anchor}: a stray quantization tensor")
+    _expect(bool(layers), f"no quantized linear (no *.{anchor} tensor) in the checkpoint")
     _refuse_foreign(tensors, layers, scheme.layout)
     _refuse_quantized_skips(layers, scheme)
 
@@ -190,7 +253,7 @@ def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
         if name in act_names:
             continue
         prefix = _parent(name)
-        if name.endswith(".qweight") and prefix in layers:
+        if name.endswith(f".{anchor}") and prefix in layers:
             order.append(("layer", prefix))
         elif name not in quant_parts:
             plain.append(name)
@@ -226,8 +289,12 @@ def _quantized_owner(name: str, layers: dict[str, QuantLinear]) -> str | None:
 def _refuse_quantized_skips(layers: dict[str, QuantLinear], scheme: QuantScheme) -> None:
     """modules_to_not_convert names modules left unquantized: one of them holding a qweight
     contradicts the config, and a loader that trusts the config would read it as a plain linear.
-    A name matches whole dotted components ("gate" is not "gate_proj"), as a module path does."""
+    A name matches whole dotted components ("gate" is not "gate_proj"), as a module path does.
+    compressed-tensors' `ignore` list says the same, in its own matching rules (w4cli/ct_config.py)."""
     for prefix in layers:
+        if scheme.ct is not None:
+            entry = scheme.ct.ignored_by(prefix)
+            _expect(entry is None, f"{prefix} is quantized but {scheme.source} lists '{entry}' in ignore")
         for module in scheme.modules_to_not_convert:
             _expect(
                 f".{module}." not in f".{prefix}.",
@@ -334,9 +401,53 @@ def check_padding(model: QuantModel) -> int:
     return len(padded)
 
 
+def check_group_maps(model: QuantModel) -> int:
+    """Every g_idx (GPTQ, compressed-tensors weight_g_idx) a map of K / G groups of G columns
+    each; with GPTQ desc_act false, the plain grouping k // G (a permutation there contradicts the
+    config, and loaders that trust desc_act would ignore it). Returns how many were read."""
+    from w4cli.formats.unpacked import group_map_problem, identity_groups
+
+    read = 0
+    for layer in model.layers.values():
+        suffix = next((s for s in ("g_idx", "weight_g_idx") if s in layer.optional), None)
+        if suffix is None:
+            continue
+        g_idx = model.checkpoint.read_one(layer.tensor(suffix))
+        read += 1
+        problem = group_map_problem(g_idx, layer.in_features, layer.group_size)
+        _expect(problem is None, f"{layer.tensor(suffix)}: {problem}")
+        gptq_args = model.scheme.gptq
+        if gptq_args is not None and not gptq_args.desc_act:
+            _expect(
+                identity_groups(g_idx, layer.group_size),
+                f"{layer.tensor(suffix)} permutes the groups but {model.scheme.source} says desc_act false",
+            )
+    return read
+
+
+def check_zero_points(model: QuantModel) -> int:
+    """GPTQ sym true: every zero point is 8, as the quantizer writes it. Some loaders (Marlin
+    kernels) ignore qzeros of a symmetric checkpoint and use 8, others read them: any other value
+    makes the weights depend on the loader. Returns how many tensors were read."""
+    gptq_args = model.scheme.gptq
+    if gptq_args is None or not gptq_args.sym:
+        return 0
+    for layer in model.layers.values():
+        stored = model.checkpoint.read_one(layer.qzeros)
+        zeros = gptq.unpack_qzeros(stored, gptq_args.v1)
+        if bool((zeros != 8).any()):
+            n, group = (int(i) for i in (zeros != 8).nonzero()[0])
+            raise InputRefused(
+                f"{layer.qzeros}: zero point {int(zeros[n, group])} at group {group}, channel {n}, but {model.scheme.source} says sym true (every zero point 8)"
+            )
+    return len(model.layers)
+
+
 def check_values(model: QuantModel) -> None:
     """Every value check: what `w4 verify MODEL` reports row by row, and what every command that
     reads a quantized checkpoint refuses on."""
     check_scales(model)
     check_unquantized(model)
     check_padding(model)
+    check_group_maps(model)
+    check_zero_points(model)

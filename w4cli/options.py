@@ -111,7 +111,8 @@ DtypeOpt = Annotated[
     typer.Option(
         "--dtype",
         help="Output dtype; (q - z) * s is rounded once to it. fp16, bf16, fp32 are short for float16, bfloat16, "
-        "float32; auto is the checkpoint's own: its scales' dtype, else config.json's.",
+        "float32; auto is the checkpoint's own: its scales' dtype, else config.json's. Default: float16 for AWQ, "
+        "auto for GPTQ and compressed-tensors.",
     ),
 ]
 DeviceOpt = Annotated[

@@ -1,6 +1,8 @@
-"""The repack step: every AWQ gemm linear becomes w4's GEMV layout (w4cli/formats/w4_gemv.py);
-everything else is copied unchanged, activation scales included (the repacked checkpoint is
-still a quantized one, and `w4 dequantize` folds them when it makes the dense checkpoint).
+"""The repack step: every AWQ gemm, GPTQ or compressed-tensors linear becomes w4's GEMV layout
+(w4cli/formats/w4_gemv.py), by way of the AWQ gemm layout, the one every format converts to
+losslessly; everything else is copied unchanged, activation scales included (the repacked
+checkpoint is still a quantized one, and `w4 dequantize` folds them when it makes the dense
+checkpoint). A symmetric format's implicit zero point (8) becomes explicit zeros.
 """
 
 from __future__ import annotations
@@ -10,11 +12,30 @@ from typing import Any
 import torch
 
 from w4cli.checkpoint import DTYPES
+from w4cli.contract import gemv_refusal
+from w4cli.dequantize import awq_tensors, torch_dtype_name
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
+from w4cli.formats.unpacked import identity_groups
 from w4cli.layers import QuantLinear, QuantModel
 from w4cli.quant_config import W4_GEMV, w4_gemv_config
 from w4cli.writer import OutputTensor
+
+DEQUANTIZE_STILL_WORKS = "w4 dequantize still reads the checkpoint"
+
+
+def w4_gemv_layer(model: QuantModel, layer: QuantLinear, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One linear's w4-gemv tensors (qweight, qzeros, scales, meta) from its tensors `t`, whatever
+    its layout: the one conversion `w4 repack` writes and the GPU checks run in memory. Raises
+    InputRefused, naming the layer, for what the layout cannot hold (contract.gemv_refusal, a
+    permuting g_idx)."""
+    if layer.layout == W4_GEMV:
+        return {suffix: t[layer.tensor(suffix)] for suffix in w4_gemv.TENSOR_NAMES}
+    awq = awq_tensors(model.scheme, layer, t)
+    try:
+        return w4_gemv.repack_from_awq(*awq)
+    except InputRefused as exc:
+        raise InputRefused(f"{layer.prefix}: {exc}") from None
 
 
 class _LastLayer:
@@ -28,30 +49,26 @@ class _LastLayer:
 
     def get(self, layer: QuantLinear, suffix: str) -> torch.Tensor:
         if self.prefix != layer.prefix:
-            t = self.model.checkpoint.read(layer.qweight, layer.qzeros, layer.scales)
-            try:
-                self.tensors = w4_gemv.repack_from_awq(t[layer.qweight], t[layer.qzeros], t[layer.scales])
-            except InputRefused as exc:
-                raise InputRefused(f"{layer.prefix}: {exc}") from None
+            self.tensors = w4_gemv_layer(self.model, layer, self.model.checkpoint.read(*layer.tensor_names))
             self.prefix = layer.prefix
         return self.tensors[suffix]
 
 
 def check_repackable(model: QuantModel) -> None:
-    """Refuse before writing anything: an already repacked input, or a layer the kernel cannot run."""
+    """Refuse before writing anything: an already repacked input, or a layer the kernel cannot run
+    (contract.gemv_refusal: shape, group size, bfloat16 scales) or that w4-gemv cannot express (a
+    g_idx that permutes the groups: the GEMV has no column permutation)."""
     if model.scheme.layout == W4_GEMV:
         raise InputRefused("the checkpoint is already in w4's GEMV layout (quant_method 'w4', format 'w4-gemv'); nothing to repack")
     for layer in model.layers.values():
-        scales = model.checkpoint.tensors[layer.scales]
-        shape_only = {
-            "qweight": torch.empty((layer.in_features, layer.out_features // 8), dtype=torch.int32, device="meta"),
-            "qzeros": torch.empty((layer.in_features // layer.group_size, layer.out_features // 8), dtype=torch.int32, device="meta"),
-            "scales": torch.empty(scales.shape, dtype=DTYPES[scales.dtype], device="meta"),
-        }
-        try:
-            w4_gemv.check_awq(shape_only["qweight"], shape_only["qzeros"], shape_only["scales"])
-        except InputRefused as exc:
-            raise InputRefused(f"{layer.prefix}: {exc}") from None
+        scales = torch_dtype_name(model.checkpoint.tensors[layer.scales].dtype)
+        why = gemv_refusal(layer.in_features, layer.out_features, layer.group_size, scales)
+        if why is None:
+            g_idx = next((layer.tensor(s) for s in ("g_idx", "weight_g_idx") if s in layer.optional), None)
+            if g_idx is not None and not identity_groups(model.checkpoint.read_one(g_idx), layer.group_size):
+                why = f"{g_idx.rpartition('.')[2]} permutes the groups (act-order), and w4's GEMV layout has no column permutation"
+        if why is not None:
+            raise InputRefused(f"{layer.prefix}: w4-gemv: {why}; {DEQUANTIZE_STILL_WORKS}")
 
 
 def plan_tensors(model: QuantModel) -> list[OutputTensor]:
@@ -65,7 +82,7 @@ def plan_tensors(model: QuantModel) -> list[OutputTensor]:
             copied.add(name)
             continue
         layer = model.layers[name]
-        source_bytes = sum(checkpoint.tensors[n].nbytes for n in (layer.qweight, layer.qzeros, layer.scales))
+        source_bytes = sum(checkpoint.tensors[n].nbytes for n in layer.tensor_names)
         for i, (suffix, (shape, dtype)) in enumerate(w4_gemv.tensor_specs(layer.in_features, layer.out_features, layer.group_size).items()):
             tensors.append(
                 OutputTensor(
@@ -90,6 +107,13 @@ def _copied(model: QuantModel, name: str) -> OutputTensor:
 
 
 def repacked_config(config: dict[str, Any], model: QuantModel) -> dict[str, Any]:
+    """config.json with the w4-gemv quantization_config. Its group_size is the source config's; for
+    compressed-tensors, whose config groups may differ, the layers' (-1: one group each), or -1
+    when they differ: each layer's `meta` holds its own."""
+    group_size = model.scheme.group_size
+    if model.scheme.ct is not None:
+        sizes = {-1 if layer.group_size == layer.in_features else layer.group_size for layer in model.layers.values()}
+        group_size = sizes.pop() if len(sizes) == 1 else -1
     out = dict(config)
-    out["quantization_config"] = w4_gemv_config(model.scheme)
+    out["quantization_config"] = w4_gemv_config(model.scheme, group_size)
     return out

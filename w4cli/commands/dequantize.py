@@ -1,4 +1,5 @@
-"""`w4 dequantize MODEL OUTPUT_DIR`: an AWQ checkpoint becomes a plain fp16/bf16/fp32 one."""
+"""`w4 dequantize MODEL OUTPUT_DIR`: an AWQ, GPTQ or compressed-tensors checkpoint becomes a plain
+fp16/bf16/fp32 one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from w4cli.options import (
     CacheDirOpt,
     Device,
     DeviceOpt,
-    Dtype,
     DtypeOpt,
     ForceOpt,
     IncludeCodeOpt,
@@ -24,6 +24,7 @@ from w4cli.options import (
 EXAMPLES = [
     "w4 dequantize Qwen/Qwen2.5-7B-Instruct-AWQ ./qwen2.5-7b-bf16 --dtype bf16",
     "w4 dequantize ./my-awq-model ./my-model --dtype auto",
+    "w4 dequantize ./my-gptq-model ./my-model             # GPTQ, compressed-tensors: auto by default",
     "w4 dequantize ./my-awq-model ./my-model-fp16 --max-shard-size 2GB --json -",
 ]
 
@@ -33,7 +34,7 @@ def dequantize(
     ctx: typer.Context,
     model: ModelArg,
     output_dir: OutputDirArg,
-    dtype: DtypeOpt = Dtype.float16,
+    dtype: DtypeOpt = None,
     device: DeviceOpt = Device.auto,
     max_shard_size: MaxShardSizeOpt = "5GB",
     revision: RevisionOpt = None,
@@ -43,9 +44,9 @@ def dequantize(
     include_code: IncludeCodeOpt = False,
     json_file: JsonOpt = None,
 ) -> None:
-    """Turn an AWQ (gemm) or w4-repacked checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
+    """Turn an AWQ (gemm), GPTQ, compressed-tensors (pack-quantized) or w4-repacked checkpoint into an ordinary fp16/bf16/fp32 Hugging Face checkpoint.
 
-    Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype and bit-identical to AutoAWQ's reference dequantization. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
+    Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype; in the scales' dtype (--dtype auto, the default for GPTQ and compressed-tensors; float16 for AWQ) it is bit-identical to the format's own library. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
     from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
     from w4cli.source import files_to_copy, open_for_conversion
@@ -53,7 +54,7 @@ def dequantize(
 
     shard_bytes = parse_size(max_shard_size)
     awq, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
-    dtype_name, dtype_from = choose_dtype(dtype.value, awq)
+    dtype_name, dtype_from = choose_dtype(dtype.value if dtype is not None else None, awq)
     backend, dequantizer = select_dequantizer(device.value)
     console.record(quantized_layers=len(awq.layers), dtype=dtype_name, device=backend)
     tensors = plan_tensors(awq, DTYPES[dtype_name], dequantizer)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from w4cli.contract import PACK
+from w4cli.formats.unpacked import UnpackedLinear
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -95,7 +96,10 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return (diff.to(torch.float32) * scales.to(torch.float32).view(groups, 1, n)).view(k, n)
 
 
-ROWS_PER_CHUNK = 256  # output rows per step: keeps the float32 temporaries in cache
+# qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> the codes, zeros and scales
+def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> UnpackedLinear:
+    # transpose the one-byte codes rather than the 2- or 4-byte results
+    return UnpackedLinear(unpack(qweight).t().contiguous(), unpack(qzeros).t(), scales.t())
 
 
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype
@@ -108,17 +112,4 @@ def dequantize(
 ) -> torch.Tensor:
     if not transpose:
         return dequantize_exact(qweight, qzeros, scales).to(dtype)
-    k, n = qweight.shape[0], qweight.shape[1] * PACK
-    groups = scales.shape[0]
-    g = k // groups
-    # transpose the one-byte codes rather than the 2- or 4-byte results, then work row by row of
-    # the output with the per-group zeros and scales broadcast along K
-    codes = unpack(qweight).t().contiguous().view(n, groups, g)
-    zeros = unpack(qzeros).t().to(torch.float32).unsqueeze(-1)  # [N, groups, 1]
-    scale = scales.t().to(torch.float32).unsqueeze(-1)
-    out = torch.empty((n, k), dtype=dtype, device=qweight.device)
-    for start in range(0, n, ROWS_PER_CHUNK):
-        rows = slice(start, min(n, start + ROWS_PER_CHUNK))
-        exact = codes[rows].to(torch.float32).sub_(zeros[rows]).mul_(scale[rows])
-        out[rows] = exact.view(-1, k)
-    return out
+    return unpack_linear(qweight, qzeros, scales).dequantize(dtype)

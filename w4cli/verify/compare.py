@@ -22,7 +22,7 @@ import torch
 from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
 from w4cli import provenance
 from w4cli.checks import Mismatch, first_difference
-from w4cli.dequantize import DTYPES, cpu_dequantizer, dense_config, torch_dtype_name
+from w4cli.dequantize import DTYPES, dense_config, reference, torch_dtype_name
 from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
 from w4cli.layers import QuantModel
@@ -118,8 +118,8 @@ def _tensors(output: Checkpoint, plan: list[OutputTensor], label: str, advance: 
 def _both_dequantized(output_root: Path, source: QuantModel, advance: Callable[[str], None]) -> Callable[[], str]:
     def body() -> str:
         repacked = open_quantized(output_root)  # refused -> this row fails with the reason
-        ours = {t.name: t for t in dequantize_plan(repacked, torch.float32, cpu_dequantizer)}
-        theirs = dequantize_plan(source, torch.float32, cpu_dequantizer)
+        ours = {t.name: t for t in dequantize_plan(repacked, torch.float32, reference())}
+        theirs = dequantize_plan(source, torch.float32, reference())
         failures = []
         for tensor in theirs:
             mine = ours.get(tensor.name)
@@ -259,7 +259,7 @@ def run(report: Report, output_root: Path, source_snapshot: Snapshot, include_co
         named = output.config.get("dtype", output.config.get("torch_dtype"))
         written = named if named in DTYPES else (tensor_dtype if tensor_dtype in DTYPES else "float16")
         report.target["output_kind"] = f"dequantized ({written})"
-        plan = dequantize_plan(source, DTYPES[written], cpu_dequantizer)
+        plan = dequantize_plan(source, DTYPES[written], reference())
         expected = dense_config(source.checkpoint.config, written)
         run_check(report, "config.json", COMPARED["config.json"], _config(output, expected, tensor_dtype), GROUP)
         run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)

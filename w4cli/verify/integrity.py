@@ -1,10 +1,11 @@
-"""`w4 verify MODEL`: one quantized checkpoint (AWQ gemm or w4-gemv), checked alone.
+"""`w4 verify MODEL`: one quantized checkpoint (AWQ gemm, GPTQ, compressed-tensors or w4-gemv),
+checked alone.
 
 Not a quantized checkpoint w4 reads at all (no quantization_config, GPTQ, 8-bit...) is refused
 (exit 4). Everything else becomes rows: files and index, tensors and shapes, scales, plain
 tensors, nibbles, and on a GPU every layer through the dequantize kernel (bit-exact with the CPU
-reference) and the GEMV kernel (repacked in memory for AWQ input; inside w4cli/checks.py's
-bound at M = 1..8). Tensors are read one layer at a time.
+reference) and the GEMV kernel (repacked in memory for other layouts; inside w4cli/checks.py's
+bound at M = 1..8). Layers with no AWQ form (a permuting g_idx) are named, not run, on the GPU. Tensors are read one layer at a time.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from w4cli.contract import CHECKED_BATCHES, checked_batches_text
 from w4cli.dequantize import awq_tensors, cpu_dequantizer
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
-from w4cli.layers import QuantModel, check_padding, check_scales, check_unquantized, find_layers
-from w4cli.quant_config import W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
+from w4cli.layers import QuantModel, check_group_maps, check_padding, check_scales, check_unquantized, check_zero_points, find_layers
+from w4cli.quant_config import COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
+from w4cli.repack import w4_gemv_layer
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
 from w4cli.verify.report import Report, run_check, skip
@@ -50,7 +52,10 @@ def _tensors(checkpoint: Checkpoint, scheme: QuantScheme, found: dict) -> Callab
     def body() -> str:
         model = find_layers(checkpoint, scheme)
         found["model"] = model
-        g = "one group" if scheme.group_size == -1 else f"group_size {scheme.group_size}"
+        if scheme.layout == COMPRESSED_TENSORS:
+            g = "its config group's strategy and group size"
+        else:
+            g = "one group" if scheme.group_size == -1 else f"group_size {scheme.group_size}"
         return (f"{len(model.layers)} {scheme.layout} linears, {len(model.plain)} plain tensors, "
                 f"{len(model.act_scales)} activation scales; every shape agrees with {g}; no stray tensors")
 
@@ -67,22 +72,36 @@ def _plain(model: QuantModel) -> Callable[[], str]:
 
 def _nibbles(model: QuantModel) -> Callable[[], str]:
     def body() -> str:
-        if model.scheme.layout != W4_GEMV:
-            return "AWQ gemm: every 4-bit pattern is a code 0..15; words are int32 of the right shape"
-        return f"w4-gemv padding codes (k >= K) are all 0 ({check_padding(model)} layers padded); meta agrees with every shape"
+        layout = model.scheme.layout
+        if layout == W4_GEMV:
+            return f"w4-gemv padding codes (k >= K) are all 0 ({check_padding(model)} layers padded); meta agrees with every shape"
+        words = "every 4-bit pattern is a code 0..15; words are int32 of the right shape"
+        if layout == GPTQ:
+            maps, zeros = check_group_maps(model), check_zero_points(model)
+            sym = f"; sym: every zero point 8 in {zeros} layers" if zeros else ""
+            return f"GPTQ: {words}; {maps} g_idx valid group maps{sym}"
+        if layout == COMPRESSED_TENSORS:
+            return f"compressed-tensors: {words}; {check_group_maps(model)} weight_g_idx valid group maps"
+        return f"AWQ gemm: {words}"
 
     return body
 
 
 def _layer_inputs(model: QuantModel, layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return awq_tensors(layer, model.checkpoint.read(*layer.tensor_names))
+    """The layer in the AWQ layout the kernels take; InputRefused if it has none."""
+    return awq_tensors(model.scheme, layer, model.checkpoint.read(*layer.tensor_names))
 
 
 def _gpu_dequantize(model: QuantModel, gpu: Gpu, advance) -> Callable[[], str]:
     def body() -> str:
-        failures = []
+        failures, skipped = [], []
         for layer in model.layers.values():
-            qw, qz, s = _layer_inputs(model, layer)
+            try:
+                qw, qz, s = _layer_inputs(model, layer)
+            except InputRefused as exc:
+                skipped.append(str(exc))
+                advance(f"dequantize {layer.prefix}")
+                continue
             ref = cpu_dequantizer(qw, qz, s, torch.float16)
             out = gpu.kernels.dequantize_awq(qw.cuda(), qz.cuda(), s.cuda(), dtype=torch.float16, transpose=True)
             try:
@@ -92,7 +111,8 @@ def _gpu_dequantize(model: QuantModel, gpu: Gpu, advance) -> Callable[[], str]:
             advance(f"dequantize {layer.prefix}")
         if failures:
             raise Mismatch(f"{len(failures)} of {len(model.layers)} layers differ; {failures[0]}")
-        return f"{len(model.layers)} layers bit-identical (fp16)"
+        note = f"; {len(skipped)} layers dequantized on the CPU only, first {skipped[0]}" if skipped else ""
+        return f"{len(model.layers) - len(skipped)} layers bit-identical (fp16){note}"
 
     return body
 
@@ -102,11 +122,7 @@ def _gpu_gemv(model: QuantModel, gpu: Gpu, seed: int, advance) -> Callable[[], s
         failures, skipped, worst = [], [], 0.0
         for i, layer in enumerate(model.layers.values()):
             try:
-                if layer.layout == W4_GEMV:
-                    tensors = model.checkpoint.read(*layer.tensor_names)
-                    w4 = {suffix: tensors[f"{layer.prefix}.{suffix}"] for suffix in w4_gemv.TENSOR_NAMES}
-                else:
-                    w4 = w4_gemv.repack_from_awq(*_layer_inputs(model, layer))
+                w4 = w4_gemv_layer(model, layer, model.checkpoint.read(*layer.tensor_names))
             except InputRefused as exc:  # bf16 scales, or a shape the GEMV kernel does not take
                 skipped.append(f"{layer.prefix} ({exc})")
                 advance(f"gemv {layer.prefix}")
@@ -141,9 +157,9 @@ COMPARED = {
     "tensors and shapes": "every linear's tensors present; shapes/dtypes vs each other and quantization_config",
     "scales": "every scale (and activation scale) finite and non-zero",
     "plain tensors": "every unquantized float tensor finite",
-    "nibbles": "packed codes legal (w4-gemv: padding beyond K is 0)",
+    "nibbles": "packed codes legal (w4-gemv: padding beyond K is 0; GPTQ, compressed-tensors: g_idx group maps, GPTQ sym zero points)",
     "gpu dequantize": "kernels.dequantize_awq vs CPU reference, every layer, fp16; raw bits",
-    "gpu gemv": f"kernels.gemv (AWQ repacked in memory) vs float64 reference, every layer, M={checked_batches_text()} (every kernel path), bound",
+    "gpu gemv": f"kernels.gemv (other layouts repacked in memory) vs float64 reference, every layer, M={checked_batches_text()} (every kernel path), bound",
 }
 
 
