@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from tests.awq_builder import Checkpoint, random_layer, small_model
+from tests.ct_builder import small_ct_model
+from tests.gptq_builder import small_gptq_model
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_REFUSED, EXIT_USAGE
 from w4cli.checks import gemv_bound, gemv_errors
 
@@ -39,6 +41,19 @@ def test_repacked_checkpoint_is_read_directly(tmp_path, w4):
     result = w4("gemv", tmp_path / "w4", "--device", "cpu", "--json", "-")
     assert result.exit_code == 0
     assert len(json.loads(result.stdout)["layers"]) == 2
+
+
+def test_gptq_and_compressed_tensors_checkpoints_are_converted_in_memory(tmp_path, w4):
+    models = {"gptq": small_gptq_model(seed=1), "ct": small_ct_model(seed=1, symmetric=False, scale_dtype=torch.float16)}
+    for name, ckpt in models.items():
+        result = w4("gemv", ckpt.write(tmp_path / name), "--device", "cpu", "--json", "-")
+        assert result.exit_code == 0, result.stderr
+        assert len(json.loads(result.stdout)["layers"]) == 2
+    # bf16 scales: the kernel takes fp16 only, and the line says which layer and why
+    result = w4("gemv", small_ct_model(seed=1).write(tmp_path / "bf16"), "--device", "cpu")
+    assert result.exit_code == EXIT_REFUSED
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "down_proj" in errors[0] and "float16 scales" in errors[0]
 
 
 @pytest.mark.parametrize(

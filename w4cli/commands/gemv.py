@@ -15,7 +15,7 @@ from rich.text import Text
 
 from w4cli import console, contract
 from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape
-from w4cli.errors import CheckFailed, EnvironmentUnavailable, InputRefused, UsageError
+from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
 from w4cli.options import SEED_MAX, CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
 
 
@@ -59,9 +59,9 @@ def _device(device: Device) -> str:
 
 
 def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
-    """(name, w4-gemv tensors, bias) for each selected linear, repacked in memory if AWQ."""
-    from w4cli.formats import w4_gemv
-    from w4cli.quant_config import W4_GEMV
+    """(name, w4-gemv tensors, bias) for each selected linear, converted in memory from AWQ, GPTQ
+    or compressed-tensors (repack.w4_gemv_layer)."""
+    from w4cli.repack import w4_gemv_layer
     from w4cli.source import open_quantized, resolve
 
     quantized = open_quantized(resolve(model, revision, token, cache_dir).path)
@@ -72,14 +72,7 @@ def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
         raise UsageError(f"no quantized layer matches --layer {' '.join(patterns)}")
     checkpoint = quantized.checkpoint
     for layer in selected:
-        t = checkpoint.read(*layer.tensor_names)
-        if layer.layout == W4_GEMV:
-            tensors = {suffix: t[f"{layer.prefix}.{suffix}"] for suffix in w4_gemv.TENSOR_NAMES}
-        else:
-            try:
-                tensors = w4_gemv.repack_from_awq(t[layer.qweight], t[layer.qzeros], t[layer.scales])
-            except InputRefused as exc:
-                raise InputRefused(f"{layer.prefix}: {exc}") from None
+        tensors = w4_gemv_layer(quantized, layer, checkpoint.read(*layer.tensor_names))
         bias = checkpoint.read_one(layer.bias).half() if layer.bias else None
         yield layer.prefix, tensors, bias
 
