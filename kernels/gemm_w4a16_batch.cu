@@ -34,17 +34,18 @@
 // 16-byte B fragment from shared memory and runs 2 mma per tile. Shared-memory reads of x per
 // byte of weight: 2 NB / NT, which is what NT buys at larger M.
 //
-// Split-K (S > 1) reduction, deterministic: each block writes its fp32 partial tile to
-// partial[split, m, n]; the last block of a row range to arrive (an atomic counter per row range,
-// counters zeroed by the caller and left zeroed) adds the S partials in split order, adds the
-// bias and rounds once. The arrival order decides only who adds, never the order of the sum.
+// Split-K (S > 1) reduction, deterministic (batch_common.cuh, shared with the wgmma kernel): each
+// block writes its fp32 partial tile to partial[split, m, n]; the last block of a row range to
+// arrive adds the S partials in split order, adds the bias and rounds once. The arrival order
+// decides only who adds, never the order of the sum.
 //
 // Launch shape: grid (ceil(N / R), S), block 256 threads, dynamic shared memory 4 stages of 21-35
 // KB. NB = ceil(M / 8) rounded up to 2, 4 or 8; NT (1 or 2) and S are chosen by
 // plan_gemm_w4a16_batch: NT = 2 unless that leaves SMs idle (M > 16 and N < 0.8 x 256 x SMs), S by
 // a model of the bytes through the busiest SM.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
-//   1 <= M <= 64 (w4cli.kernels.gemv sends it 9..64), N % 8 == 0, K % 8 == 0, K % G == 0,
+//   1 <= M <= 64 (w4cli.kernels.gemv sends it 9..64; 9..16 on Hopper, where the wgmma kernel
+//   takes more rows), N % 8 == 0, K % 8 == 0, K % G == 0,
 //   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32
 //   and counters [ceil(N / R)] int32 (zero) when S > 1.
 // Archs: sm_80+ (cp.async, mma.sync m16n8k16); tuned on sm_90.
