@@ -125,20 +125,25 @@ struct Loader {
     if (slot >= a.run_slots) slot = -1;
   }
 
-  // Issue the copies of k-block kb into the stage at shared address st.
+  // Issue the copies of k-block kb into the stage at shared address st. Per chunk: one 32-bit
+  // offset from the k-block's base (the strides fit: K < 2^21, 16 rows or 8 tiles per chunk).
   __device__ __forceinline__ void load(uint32_t st, int kb, const BatchArgs& a, uint64_t policy) const {
+    const char* wk = reinterpret_cast<const char*>(w + (size_t)kb * 32);
 #pragma unroll
     for (int i = 0; i < kW; ++i) {
       const bool ok = (wok >> i) & 1;
-      cp_async16_policy(st + wdst + i * kBatchThreads * 16, ok ? w + (size_t)i * w_tile_stride + (size_t)kb * 32 : a.qweight,
-                        ok, policy);
+      const char* src = wk + (uint32_t)(i * w_tile_stride) * 16u;
+      cp_async16_policy(st + wdst + i * kBatchThreads * 16, ok ? src : reinterpret_cast<const char*>(a.qweight), ok,
+                        policy);
     }
     const bool k_ok = xk + kb * 128 < a.x_cols;
+    const char* xkb = reinterpret_cast<const char*>(x + kb * 128);
 #pragma unroll
     for (int i = 0; i < kX; ++i) {
       if (S::kTokens * 16 % kBatchThreads == 0 || (int)threadIdx.x + i * kBatchThreads < S::kTokens * 16) {
         const bool ok = k_ok && ((xok >> i) & 1);
-        cp_async16(st + xdst + i * xstep, ok ? x + (size_t)i * x_row_stride + kb * 128 : a.x, ok);
+        const char* src = xkb + (uint32_t)(i * x_row_stride) * 2u;
+        cp_async16(st + xdst + i * xstep, ok ? src : reinterpret_cast<const char*>(a.x), ok);
       }
     }
     if (slot >= 0) {
