@@ -1,0 +1,39 @@
+"""Every batch-kernel variant once on small odd shapes, for compute-sanitizer (out-of-bounds and
+misaligned accesses, uninitialised reads) without the test harness around it:
+
+    compute-sanitizer --tool memcheck python3 dev/probes/batch_sanitize.py
+    compute-sanitizer --tool initcheck python3 dev/probes/batch_sanitize.py
+
+Checks each output against the reference too, so a run that the tool lets through still fails
+loudly on a wrong result.
+"""
+
+import torch
+
+from w4cli import kernels
+from w4cli.checks import gemv_errors
+from w4cli.formats import awq_gemm, w4_gemv
+
+gen = torch.Generator().manual_seed(0)
+wgmma = kernels.has_wgmma()
+bad = 0
+for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32)]:
+    layer = w4_gemv.repack_from_awq(*(t.cuda() for t in awq_gemm.random_layer(k, n, g, gen)))
+    weight = w4_gemv.dequantize(**layer, dtype=torch.float16).cpu()
+    for m in (9, 17, 33, 64, 100, 128):
+        x = torch.randn(m, k, generator=gen).half().cuda()
+        for kernel in (1, 2):
+            if (kernel == 1 and m > 64) or (kernel == 2 and not wgmma):
+                continue
+            for tiles in (1, 2):
+                if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
+                    continue  # no such variant (the planner's tables)
+                for splits in (1, 3):
+                    out = kernels._batch(x, **layer, splits=splits, tiles=tiles, kernel=kernel)
+                    errors = gemv_errors(out.cpu(), x.cpu(), weight)
+                    if not errors.passed:
+                        bad += 1
+                        print(f"FAIL k={k} n={n} g={g} m={m} kernel={kernel} tiles={tiles} splits={splits}: {errors}")
+torch.cuda.synchronize()
+print("done,", bad, "failures")
+raise SystemExit(1 if bad else 0)
