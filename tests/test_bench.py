@@ -126,6 +126,25 @@ def test_phi3_fused_qkv_and_gate_up():
     assert got[3072, 9216].names == "qkv_proj" and got[3072, 16384].names == "gate_up_proj"
 
 
+def test_fused_projections_as_engines_load_them():
+    m = shapes.from_config(LLAMA3_8B).fused()
+    assert [(lin.name, lin.k, lin.n) for lin in m.linears[:4]] == [
+        ("qkv_proj", 4096, 4096 + 2 * 1024), ("o_proj", 4096, 4096), ("gate_up_proj", 4096, 2 * 14336),
+        ("down_proj", 14336, 4096)]
+    assert m.linears[-1].name == "lm_head" and any("fused" in n for n in m.notes)
+    assert sum(lin.per_model for lin in m.linears) == 4 * 32 + 1  # one launch where there were two or three
+    moe = {lin.name: lin for lin in shapes.from_config(QWEN2_MOE).fused().linears}
+    assert (moe["experts.gate_up_proj"].n, moe["experts.gate_up_proj"].per_layer) == (2 * 1408, 60)
+    assert moe["experts.gate_up_proj"].kind == "expert" and moe["experts.gate_up_proj"].active == 4
+    assert moe["shared_expert.gate_up_proj"].n == 2 * 5632 and "experts.down_proj" in moe
+    mixtral = {lin.name for lin in shapes.from_config(MIXTRAL).fused().linears}
+    assert {"qkv_proj", "experts.w13", "experts.w2"} <= mixtral and "experts.w1" not in mixtral
+    # already fused, or nothing to fuse: unchanged, no note
+    phi3 = shapes.from_config({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+                               "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32})
+    assert phi3.fused() is phi3
+
+
 def test_multimodal_text_config_is_used():
     m = shapes.from_config({"model_type": "mistral3", "text_config": {**LLAMA3_8B, "model_type": "mistral"}})
     assert (4096, 14336) in by_shape(m)
@@ -399,11 +418,14 @@ def test_usage_errors_are_exit_2_before_the_gpu_check(w4, monkeypatch, args, nee
 
 def test_model_dry_run_reads_config_only(w4, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
-    result = w4("bench", str(tmp_path), "--dry-run", "--json", "-")
+    result = w4("bench", str(tmp_path), "--dry-run", "--no-fuse", "--json", "-")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert [(s["k"], s["n"]) for s in doc["shapes"]][:2] == [(4096, 4096), (4096, 1024)]
     assert any("lm_head" in n for n in doc["notes"])
+    fused = json.loads(w4("bench", str(tmp_path), "--dry-run", "--json", "-").stdout)  # fused by default
+    assert [(s["k"], s["n"]) for s in fused["shapes"]][:2] == [(4096, 6144), (4096, 4096)]
+    assert any("fused" in n for n in fused["notes"])
 
 
 def test_unknown_config_is_refused_with_exit_4(w4, tmp_path):
@@ -421,7 +443,8 @@ def test_cli_run_writes_json_and_markdown(w4, tmp_path, cpu_runner):
     out = tmp_path / "bench.json"
     result = w4("bench", str(tmp_path / "m"), "--batch", "1,2", "--json", str(out), "--markdown")
     assert result.exit_code == 0, result.stderr
-    assert "| 256x256 | q_proj, o_proj | 1 |" in result.stdout and "One decode step" in result.stdout
+    assert "| 256x512 | qkv_proj | 1 |" in result.stdout and "| 256x256 | o_proj | 1 |" in result.stdout
+    assert "One decode step" in result.stdout
     doc = json.loads(out.read_text())
     assert doc["ok"] and doc["model"]["model_type"] == "qwen2"
     assert doc["environment"]["command"].startswith("w4 bench ")

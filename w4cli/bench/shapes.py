@@ -94,6 +94,50 @@ class ModelShapes:
     def shapes(self) -> list[Shape]:
         return group_shapes(self.linears)
 
+    def fused(self) -> "ModelShapes":
+        """The same model with q/k/v and gate/up concatenated along N, as serving engines load them
+        (vLLM, SGLang, TensorRT-LLM: qkv_proj, gate_up_proj; experts' w1/w3)."""
+        linears = fuse_projections(self.linears)
+        if len(linears) == len(self.linears):
+            return self
+        note = "q/k/v and gate/up are fused along N, as serving engines run them (--no-fuse: one layer each)"
+        return ModelShapes(self.model, self.model_type, self.num_hidden_layers, linears, self.num_experts,
+                           self.experts_per_token, [*self.notes, note])
+
+
+# the projections that read the same input, fused into one along N: (members' names, fused name), by
+# the part of the name after the module prefix ("experts.", "shared_expert." or none)
+FUSIONS = (
+    (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+    (("gate_proj", "up_proj"), "gate_up_proj"),
+    (("w1", "w3"), "w13"),
+)
+
+
+def fuse_projections(linears: list[Linear]) -> list[Linear]:
+    """Each complete set of FUSIONS members under one prefix (same K, counts and kind) becomes one
+    Linear with the members' N added, at the first member's place; everything else is unchanged."""
+    out = list(linears)
+    for members, fused_name in FUSIONS:
+        by_prefix: dict[str, list[int]] = {}
+        for i, lin in enumerate(out):
+            prefix, _, base = lin.name.rpartition(".")
+            if base in members:
+                by_prefix.setdefault(prefix, []).append(i)
+        for prefix, idx in by_prefix.items():
+            group = [out[i] for i in idx]
+            first = group[0]
+            same = {(lin.k, lin.layers, lin.per_layer, lin.active, lin.kind, lin.quantized) for lin in group}
+            if sorted(lin.name.rpartition(".")[2] for lin in group) != sorted(members) or len(same) != 1:
+                continue
+            name = f"{prefix}.{fused_name}" if prefix else fused_name
+            out[idx[0]] = Linear(name, first.k, sum(lin.n for lin in group), first.layers, first.per_layer,
+                                 first.active, first.kind, first.quantized)
+            for i in idx[1:]:
+                out[i] = None  # type: ignore[call-overload]
+        out = [lin for lin in out if lin is not None]
+    return out
+
 
 def group_shapes(linears: list[Linear]) -> list[Shape]:
     """Distinct (K, N, quantized), in first-seen order, each with the linears that have it."""

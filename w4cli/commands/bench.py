@@ -49,6 +49,7 @@ def bench(
     json_file: JsonOpt = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown tables (for docs/performance.md) instead of Rich tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the shapes that would be measured and exit; needs no GPU.")] = False,
+    fuse: Annotated[bool, typer.Option("--fuse/--no-fuse", help="MODEL: measure q/k/v and gate/up fused along N (qkv_proj, gate_up_proj), as serving engines run them; --no-fuse: one layer each.")] = True,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     cache_dir: CacheDirOpt = None,
@@ -80,6 +81,8 @@ def bench(
 
         snapshot = hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=hub.CONFIG_PATTERNS)
         model_shapes = shapes.from_config(read_json(snapshot.path / "config.json"), model)
+        if fuse:
+            model_shapes = model_shapes.fused()
         todo = model_shapes.shapes()
     have = {(s.k, s.n) for s in todo if s.quantized}
     todo += [s for s in extra if (s.k, s.n) not in have]
@@ -98,7 +101,7 @@ def bench(
 
     with console.steps("bench", runner.steps_for(todo, batches, group)) as advance:
         report = runner.run(todo, batches, group, model=model_shapes, replays=replays, step=advance)
-    report.environment["command"] = _command_line(model, shape or [], batch, group, replays)
+    report.environment["command"] = _command_line(model, shape or [], batch, group, replays, fuse)
 
     console.result(render.to_json(report), json_file, lambda: _show(report, markdown))
     if report.failures:
@@ -106,8 +109,10 @@ def bench(
         raise CheckFailed(f"{len(report.failures)} kernel check(s) failed; first: {first.note}")
 
 
-def _command_line(model: str | None, shape_args: list[str], batch: str, group: int, replays: int) -> str:
+def _command_line(model: str | None, shape_args: list[str], batch: str, group: int, replays: int, fuse: bool) -> str:
     parts = ["w4", "bench"] + ([model] if model else [])
+    if model and not fuse:
+        parts.append("--no-fuse")
     for s in shape_args:
         parts += ["--shape", s]
     parts += ["--batch", batch]
