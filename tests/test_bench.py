@@ -145,6 +145,27 @@ def test_fused_projections_as_engines_load_them():
     assert phi3.fused() is phi3
 
 
+def test_decode_step_plan_wiring_and_bytes():
+    from w4cli.bench import step
+
+    m = shapes.from_config(LLAMA3_8B).fused()
+    p = step.plan(m)
+    assert [lin.name for lin in p.layer] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    assert p.decoder_layers == 32 and p.head.name == "lm_head"
+    calls = step.wire(p.layer, 4096, 2)
+    # qkv reads the input; o_proj (K 4096) the newest 4096-wide buffer (the input: qkv is 6144 wide);
+    # gate_up reads o_proj's output; down_proj (K 14336) half of gate_up's (28672 wide); the next
+    # layer's qkv reads down_proj's output
+    assert calls[:5] == [(0, 0, 1, False), (0, 1, 2, False), (2, 2, 3, False), (3, 3, 4, True), (4, 0, 5, False)]
+    unfused = step.plan(shapes.from_config(LLAMA3_8B))
+    assert [c[3] for c in step.wire(unfused.layer, 4096, 1)] == [False] * 7  # down_proj reads up_proj's output
+    one_layer = 4096 * 6144 + 4096 * 4096 + 4096 * 28672 + 14336 * 4096
+    assert step.layer_bytes(p.layer, step.FP16, 128) == 2 * one_layer
+    assert step.layers_that_fit(p, step.FP16, 128, 10 * 2 * one_layer) == 7  # 70% of ten layers' bytes
+    assert step.layers_that_fit(p, step.W4, 128, 10**12) == 32
+    assert isinstance(step.plan(shapes.from_config(MIXTRAL)), str)  # routed experts: per-shape projection only
+
+
 def test_multimodal_text_config_is_used():
     m = shapes.from_config({"model_type": "mistral3", "text_config": {**LLAMA3_8B, "model_type": "mistral"}})
     assert (4096, 14336) in by_shape(m)
@@ -444,11 +465,15 @@ def test_cli_run_writes_json_and_markdown(w4, tmp_path, cpu_runner):
     result = w4("bench", str(tmp_path / "m"), "--batch", "1,2", "--json", str(out), "--markdown")
     assert result.exit_code == 0, result.stderr
     assert "| 256x512 | qkv_proj | 1 |" in result.stdout and "| 256x256 | o_proj | 1 |" in result.stdout
-    assert "One decode step" in result.stdout
+    assert "One decode step" in result.stdout and "as one CUDA graph" in result.stdout
     doc = json.loads(out.read_text())
     assert doc["ok"] and doc["model"]["model_type"] == "qwen2"
     assert doc["environment"]["command"].startswith("w4 bench ")
     assert [row["m"] for row in doc["summary"]] == [1, 2] and doc["summary"][0]["fp16_us"] > 0
+    step_rows = doc["decode_step"]["rows"]
+    assert [row["m"] for row in step_rows] == [1, 2] and all(row["w4_us"] > 0 and row["fp16_us"] > 0 for row in step_rows)
+    assert {(r["method"], r["layers_measured"], r["layers_total"]) for r in doc["decode_step"]["results"]} == {
+        ("fp16", 2, 2), ("w4", 2, 2)}
 
 
 def test_cli_exits_1_when_a_kernel_fails(w4, cpu_runner):

@@ -33,3 +33,23 @@ def test_short_bench_passes_every_check(w4, tmp_path):
         assert r["median_us"] > 0 and r["gbps"] > 0 and 0 < r["pct_of_copy"] < 200, r
         assert r["bytes_moved"] == cases.METHODS[r["method"]].bytes_moved(4096, 1024, r["m"], 128)
     assert "w4 GEMV" in result.stdout and "fp16 cuBLAS" in result.stdout
+
+
+def test_decode_step_as_one_graph_on_a_small_dense_model(w4, tmp_path):
+    # 4 decoder layers of a Llama-shaped model, fused and one layer each: the step graph replays the
+    # eager step bit for bit for w4 (its check), and its numbers land in the JSON and the table
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "num_hidden_layers": 4, "vocab_size": 32000}))
+    for fuse in ("--fuse", "--no-fuse"):
+        out = tmp_path / f"bench{fuse}.json"
+        result = w4("bench", str(tmp_path / "m"), "--batch", "1,16", fuse, "--replays", "10", "--json", str(out))
+        assert result.exit_code == 0, result.stderr + result.stdout
+        doc = json.loads(out.read_text())
+        results = {(r["m"], r["method"]): r for r in doc["decode_step"]["results"]}
+        assert set(results) == {(m, method) for m in (1, 16) for method in ("fp16", "w4")}
+        for r in results.values():
+            assert r["layers_measured"] == r["layers_total"] == 4 and r["step_us"] > r["head_us"] > 0, r
+        assert [row["m"] for row in doc["decode_step"]["rows"]] == [1, 16]
+        assert "as one CUDA graph" in result.stdout

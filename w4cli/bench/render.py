@@ -178,6 +178,58 @@ def _ms(us: float | None) -> str:
     return "n/a" if us is None else f"{us / 1000:,.3f}"
 
 
+def step_rows(report: Report) -> list[dict[str, Any]]:
+    """Per M, the decode step as one graph (w4cli/bench/step.py): fp16 and w4 ms, the ratio, w4's
+    tokens per second, w4's per-shape sum beside it, w4's % of the copy rate over the step's bytes,
+    and the seam: the step's time minus its bytes at the copy rate."""
+    by = {(r.m, r.method): r for r in report.steps}
+    sums = {row["m"]: row for row in project(report)}
+    rows = []
+    for m in report.batches:
+        fp, w4 = by.get((m, "fp16")), by.get((m, "w4"))
+        if fp is None and w4 is None:
+            continue
+        fp_us = fp.step_us if fp else None
+        w4_us = w4.step_us if w4 else None
+        bytes_us = w4.bytes_per_step / (report.copy_gbps * 1e3) if w4 is not None and report.copy_gbps else None
+        rows.append({
+            "m": m,
+            "fp16_us": fp_us,
+            "w4_us": w4_us,
+            "speedup": fp_us / w4_us if fp_us and w4_us else None,
+            "w4_tokens_per_s": m / (w4_us * 1e-6) if w4_us else None,
+            "w4_per_shape_sum_us": sums.get(m, {}).get(f"{cases.W4_GEMV}_us"),
+            "fp16_per_shape_sum_us": sums.get(m, {}).get(f"{cases.FP16}_us"),
+            "w4_pct_of_copy": 100.0 * bytes_us / w4_us if bytes_us and w4_us else None,
+            "w4_seam_us": w4_us - bytes_us if bytes_us is not None and w4_us else None,
+            "layers_measured": w4.layers_measured if w4 else (fp.layers_measured if fp else 0),
+            "layers_total": w4.layers_total if w4 else (fp.layers_total if fp else 0),
+        })
+    return rows
+
+
+def step_table(report: Report) -> Table | None:
+    rows = step_rows(report)
+    if not rows:
+        return None
+    t = Table(title="One decode step as one CUDA graph: every linear layer in order, each with its own weights",
+              title_justify="left")
+    for col in ("M", "fp16 ms", "w4 ms", "vs fp16", "w4 tokens/s", "w4 per-shape sum ms", "w4 % of copy", "w4 seam ms"):
+        t.add_column(col, justify="right" if "vs" not in col else "left", no_wrap=True)
+    for row in rows:
+        t.add_row(str(row["m"]), _ms(row["fp16_us"]), _ms(row["w4_us"]), _x(row["speedup"]), _tps(row["w4_tokens_per_s"]),
+                  _ms(row["w4_per_shape_sum_us"]), _pct(row["w4_pct_of_copy"]), _ms(row["w4_seam_us"]))
+    return t
+
+
+def _tps(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}%"
+
+
 def _x(x: float | None) -> Text:
     if x is None:
         return Text("n/a")
@@ -203,6 +255,12 @@ def notes(report: Report) -> list[str]:
         lines.append(f"{where}: FAIL: {r.note}" if r.status == FAIL else f"{where}: {r.note}")
     for (method, note), where in skipped.items():
         lines.append(f"{cases.label(method)} skipped ({', '.join(where)}): {note}")
+    for note in dict.fromkeys(f"decode step {r.method}: {r.note}" for r in report.steps if r.note):
+        lines.append(note)
+    if report.steps:
+        lines.append("decode step as one graph: the linear layers only (no attention, norms or sampling; where a fused "
+                     "gate_up_proj feeds down_proj, a copy of half its output stands in for the activation); "
+                     "seam = step time minus the step's bytes at the copy rate")
     return lines
 
 
@@ -248,6 +306,16 @@ def markdown(report: Report) -> str:
                 f"{_mx(row[f'{cases.W4_GEMV}_speedup'])} | {_ms(row[f'{W4_BEST}_us'])} | {_mx(row[f'{W4_BEST}_speedup'])} | "
                 f"{_ms(row[f'{cases.TORCH_INT4}_us'])} | {_mx(row[f'{cases.TORCH_INT4}_speedup'])} |"
             )
+    srows = step_rows(report)
+    if srows:
+        name = report.model.model if report.model else ""
+        out += ["", f"One decode step of {name} as one CUDA graph, every linear layer in order (ms):", "",
+                "| M | fp16 | w4 | vs fp16 | w4 tokens/s | w4 per-shape sum | w4 % of copy | w4 seam |",
+                "|---|---|---|---|---|---|---|---|"]
+        for row in srows:
+            out.append(f"| {row['m']} | {_ms(row['fp16_us'])} | {_ms(row['w4_us'])} | {_mx(row['speedup'])} | "
+                       f"{_tps(row['w4_tokens_per_s'])} | {_ms(row['w4_per_shape_sum_us'])} | {_pct(row['w4_pct_of_copy'])} | "
+                       f"{_ms(row['w4_seam_us'])} |")
     out += ["", "Bytes counted (GB/s = bytes / median): fp16 K*N*2; w4 K*N/2 + (K/G)*N*2 + (K/G)*N/2; torch int4 "
             "K*N/2 + (K/G)*N*4; each plus M*K*2 + M*N*2; dequantize K*N/2 + (K/G)*N*5/2 + K*N*2. "
             "FAIL = output did not match the reference (no time shown); n/a = not run here."]
@@ -309,5 +377,6 @@ def to_json(report: Report) -> dict[str, Any]:
         ],
         "results": [r.to_dict() for r in report.results],
         "summary": project(report),
+        "decode_step": {"results": [r.to_dict() for r in report.steps], "rows": step_rows(report)},
         "notes": notes(report),
     }

@@ -74,6 +74,7 @@ class Report:
     results: list[Result]
     model: ModelShapes | None = None
     notes: list[str] = field(default_factory=list)
+    steps: list[Any] = field(default_factory=list)  # step.StepResult: the decode step as one graph
 
     def get(self, k: int, n: int, m: int | None, method: str) -> Result | None:
         for r in self.results:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from w4cli import __version__, timing
+from w4cli.bench import cases, step as decode_step
 from w4cli.bench.cases import METHODS, Layer, Method
 from w4cli.bench.results import FAIL, SKIPPED, Report, Result
 from w4cli.bench.shapes import ModelShapes, Shape
@@ -44,9 +45,13 @@ def rows(shape: Shape, batches: list[int], group: int) -> list[tuple[Method, int
             for m in [None, *batches] for method in methods if method.batched == (m is not None)]
 
 
-def steps_for(shapes: list[Shape], batches: list[int], group: int) -> int:
-    """How many step() calls run() makes (for a progress bar): the copy, then one per measurement."""
-    return 1 + sum(why is None for s in shapes for _, _, why in rows(s, batches, group))
+def steps_for(shapes: list[Shape], batches: list[int], group: int, model: ModelShapes | None = None) -> int:
+    """How many step() calls run() makes (for a progress bar): the copy, one per measurement, and
+    for a dense MODEL the decode step (lm_head, fp16, w4 at every M)."""
+    steps = 1 + sum(why is None for s in shapes for _, _, why in rows(s, batches, group))
+    if model is not None and not isinstance(decode_step.plan(model), str):
+        steps += 3 * len(batches)
+    return steps
 
 
 # one measurement -> one Result (pass, FAIL or skipped), never an exception for a kernel's fault
@@ -114,6 +119,10 @@ def run(shapes: list[Shape], batches: list[int], group: int, *, model: ModelShap
                 results.append(_measure(method, layer, m, copy, replays))
             del layer
             torch.cuda.empty_cache()
+        steps: list[decode_step.StepResult] = []
+        why_not = None
+        if model is not None:
+            steps, why_not = decode_step.measure(model, batches, group, copy, replays, step, DEV, cases.kernels.gemv)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     env["copy_gbps"] = copy.gbps
@@ -121,4 +130,7 @@ def run(shapes: list[Shape], batches: list[int], group: int, *, model: ModelShap
     env["replays"] = replays
     env["method"] = (f"each measurement: one CUDA graph over rotating input sets >= {timing.L2_MULTIPLE:g}x L2, "
                      f"3 warm-up replays, median of {replays} timed replays (w4cli/timing.py)")
-    return Report(env, copy.gbps, copy.name, group, batches, shapes, results, model)
+    report = Report(env, copy.gbps, copy.name, group, batches, shapes, results, model, steps=steps)
+    if why_not:
+        report.notes.append(why_not)
+    return report

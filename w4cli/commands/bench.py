@@ -99,7 +99,7 @@ def bench(
 
     from w4cli.bench import render, runner
 
-    with console.steps("bench", runner.steps_for(todo, batches, group)) as advance:
+    with console.steps("bench", runner.steps_for(todo, batches, group, model_shapes)) as advance:
         report = runner.run(todo, batches, group, model=model_shapes, replays=replays, step=advance)
     report.environment["command"] = _command_line(model, shape or [], batch, group, replays, fuse)
 
@@ -133,9 +133,9 @@ def _show(report, markdown: bool) -> None:
     if report.model is not None:
         console.stdout.print(render.shapes_table(report))
     console.stdout.print(render.results_table(report))
-    table = render.summary_table(report)
-    if table is not None:
-        console.stdout.print(table)
+    for table in (render.summary_table(report), render.step_table(report)):
+        if table is not None:
+            console.stdout.print(table)
     for line in render.notes(report):
         console.stdout.print(f"note: {line}", markup=False, highlight=False, style="dim")
 
