@@ -87,6 +87,7 @@ namespace {
 constexpr int kMaxWarps = 16;  // per block; 16 * 32 threads * 128 registers = one SM's 64K
 constexpr int kMaxM = 8;       // mma n8: one column per token
 constexpr int kSmemPerWarp = 4 * 32 * sizeof(float);  // one warp's 16x8 fp32 partial tile
+constexpr int kPdlPrefetch = 2;  // k-blocks of weights sent to L2 before waiting for the previous kernel
 
 // Everything one k-block needs from global memory except the activations.
 struct Block {
@@ -298,6 +299,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_w4a16_lean_kernel(cons
   const uint32_t* zp = a.qzeros + 2 * l.tile;
   const int s_hi = l.has_hi ? 8 : 0;  // element offset of row g+8's scale
   const int z_hi = l.has_hi ? 1 : 0;  // word offset of row g+8's zeros
+  // under programmatic dependent launch: the first k-blocks' weights head for L2 while the previous
+  // kernel finishes; the activations are its output, read only after pdl_wait
+  for (int d = 0; d < kPdlPrefetch && kb + d < kb_main_end; ++d) {
+    prefetch_l2(pw + 32 * d);
+    prefetch_l2(pw + 32 * d + hi_off);
+  }
+  pdl_launch_dependents();
+  pdl_wait();
   for (; kb < kb_main_end; ++kb) {
     uint4 xv[4];
     const uint4 lo = load_weight(pw, l.policy);
@@ -449,10 +458,14 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
   // D stages in a ring with compile-time slots: slot d is computed, then immediately refilled
   // with the k-block D ahead, so D k-blocks are always in flight and no stage is ever copied.
   int n = kb_main_end - kb;  // whole k-blocks of this warp not yet loaded
+  pdl_launch_dependents();
   if (n >= D) {
     Stage st[D];
 #pragma unroll
     for (int d = 0; d < D; ++d) load(st[d]);
+    // under programmatic dependent launch the first stages' weights, scales and zeros load while
+    // the previous kernel finishes; the activations are its output, read only after this
+    pdl_wait();
     n -= D;
     for (; n >= D; n -= D) {
 #pragma unroll
@@ -467,6 +480,7 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
     kb = kb_main_end - n;  // the last n < D whole k-blocks go through the checked path
   }
   W4_GEMV_STAMP(2);
+  pdl_wait();  // (again, for the warps with fewer than D whole k-blocks; a no-op otherwise)
   finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
   W4_GEMV_STAMP(3);
 }
@@ -494,7 +508,7 @@ int auto_warps(KernelFn fn, int tiles, int kblocks) {
 
 cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32_t* qzeros,
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
-                              int64_t N, int64_t G, int splits, cudaStream_t stream) {
+                              int64_t N, int64_t G, int splits, bool pdl, cudaStream_t stream) {
   if (M < 1 || M > kMaxM || K < 8 || K % 8 || N < 8 || N % 8 || G < 1 || K % G ||
       (G % 32 && G != K) || K >= (int64_t{1} << 21) || N >= (int64_t{1} << 31) || splits < 0 ||
       splits > kMaxWarps) {
@@ -538,8 +552,17 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   a.kb_per_warp = kb_per_warp;
   a.order_mask = 0;
   a.kb_per_group = groups == 1 ? kblocks + 1 : (G % 128 == 0 ? static_cast<int>(G / 128) : 1);
-  fn<<<tiles, warps * 32, (size_t)warps * kSmemPerWarp, stream>>>(a);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(tiles);
+  config.blockDim = dim3(warps * 32);
+  config.dynamicSmemBytes = (size_t)warps * kSmemPerWarp;
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, fn, a);
 }
 
 }  // namespace w4

@@ -212,10 +212,11 @@ LayerShape check_operands(const at::Tensor& x, const at::Tensor& qweight, const 
   return shape;
 }
 
-// x [M, K] fp16, M <= 8; the layer; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic.
+// x [M, K] fp16, M <= 8; the layer; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic;
+// pdl: programmatic dependent launch (w4_kernels.h).
 at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                         const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
-                        int64_t splits) {
+                        int64_t splits, bool pdl) {
   const void* bias_ptr = nullptr;
   const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, kGemvMaxM, "gemv", &bias_ptr);
   TORCH_CHECK(splits >= 0 && splits <= 16, msg("gemv: splits must be 0 (automatic) .. 16, got ", splits));
@@ -226,7 +227,7 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   const cudaError_t err = w4::launch_gemv_w4a16(
       x.data_ptr(), qweight.data_ptr<int32_t>(), qzeros.data_ptr<int32_t>(), scales.data_ptr(),
-      bias_ptr, y.data_ptr(), M, s.K, s.N, s.G, static_cast<int>(splits), stream);
+      bias_ptr, y.data_ptr(), M, s.K, s.N, s.G, static_cast<int>(splits), pdl, stream);
   TORCH_CHECK(err == cudaSuccess, msg("gemv: kernel launch failed: ", cudaGetErrorString(err),
               " (M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G, ", splits=", splits, ")"));
   return y;
@@ -289,7 +290,7 @@ void register_gemv(py::module_& m) {
   m.def("gemv_w4", &gemv_w4_impl,
         "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 8, fp16, fp32 sums",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
-        py::arg("bias") = py::none(), py::arg("splits") = 0);
+        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("pdl") = false);
   m.def("gemm_w4_batch", &gemm_w4_batch_impl,
         "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 128, one read of W",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),

@@ -36,6 +36,28 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Programmatic dependent launch (sm_90+; a no-op before, and when the kernel was launched without
+// the attribute). A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may
+// start while the previous kernel in the stream still runs, once every block of that kernel has
+// called pdl_launch_dependents (or finished). pdl_wait returns when the previous kernel has
+// completed and its writes are visible: every read of an activation (a previous kernel's output)
+// and every global write must come after it; reads of weights, scales and zeros, which no kernel
+// writes, may come before.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// The 128-byte line holding p into L2 (no registers, no wait): weights fetched before pdl_wait.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define W4_HAS_WGMMA 1
 

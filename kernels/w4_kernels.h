@@ -29,10 +29,12 @@ cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, co
 // bias [N] fp16 or nullptr; y [M, N] fp16. Requires 1 <= M <= 8, K % 8 == 0, N % 8 == 0,
 // K % G == 0, G % 32 == 0 or G == K, K < 2^21. `splits` = warps per 16-row tile (split-K),
 // 0 = automatic (1..16, from the occupancy API); the tests and dev/ fix it to cover every split.
+// `pdl`: launch with programmatic dependent launch (tensor_core.cuh, pdl_wait), so that the kernel
+// starts loading weights while the previous kernel in the stream finishes.
 // Returns cudaErrorInvalidValue for arguments it cannot handle.
 cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32_t* qzeros,
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
-                              int64_t N, int64_t G, int splits, cudaStream_t stream);
+                              int64_t N, int64_t G, int splits, bool pdl, cudaStream_t stream);
 
 // ---- batch (w4 GEMV layout, M = 9..128): kernels/gemm_w4a16_batch.cu (mma.sync, M <= 64, sm_80+)
 // and kernels/gemm_w4a16_wgmma.cu (wgmma, M <= 128, sm_90a) ----

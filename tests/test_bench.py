@@ -341,7 +341,7 @@ def fake_measure(fn, inputs, bytes_moved, check, *, name="kernel", copy=None, re
     return timing.Timing(name, us, us, us, us, 0.0, bytes_moved, gbps, None, replays, len(sets), ws, FAKE_L2, "cpu")
 
 
-def _fake_gemv(x, qweight, qzeros, scales, meta=None, bias=None):
+def _fake_gemv(x, qweight, qzeros, scales, meta=None, bias=None, pdl=False):
     k, n, groups = x.shape[1], scales.shape[1], scales.shape[0]
     meta = torch.tensor([1, k, n, k // groups], dtype=torch.int32)
     return w4_gemv.gemv_reference(x, qweight, qzeros, scales, meta).half()
@@ -473,7 +473,7 @@ def test_cli_run_writes_json_and_markdown(w4, tmp_path, cpu_runner):
     step_rows = doc["decode_step"]["rows"]
     assert [row["m"] for row in step_rows] == [1, 2] and all(row["w4_us"] > 0 and row["fp16_us"] > 0 for row in step_rows)
     assert {(r["method"], r["layers_measured"], r["layers_total"]) for r in doc["decode_step"]["results"]} == {
-        ("fp16", 2, 2), ("w4", 2, 2)}
+        ("fp16", 2, 2), ("w4", 2, 2), ("w4_pdl", 2, 2)}
 
 
 def test_cli_exits_1_when_a_kernel_fails(w4, cpu_runner):

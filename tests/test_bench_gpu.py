@@ -48,7 +48,7 @@ def test_decode_step_as_one_graph_on_a_small_dense_model(w4, tmp_path):
         assert result.exit_code == 0, result.stderr + result.stdout
         doc = json.loads(out.read_text())
         results = {(r["m"], r["method"]): r for r in doc["decode_step"]["results"]}
-        assert set(results) == {(m, method) for m in (1, 16) for method in ("fp16", "w4")}
+        assert set(results) == {(m, method) for m in (1, 16) for method in ("fp16", "w4", "w4_pdl")}
         for r in results.values():
             assert r["layers_measured"] == r["layers_total"] == 4 and r["step_us"] > r["head_us"] > 0, r
         assert [row["m"] for row in doc["decode_step"]["rows"]] == [1, 16]

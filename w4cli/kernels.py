@@ -324,6 +324,7 @@ def gemv(
     scales: torch.Tensor,
     meta: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for one linear in the w4-gemv layout (w4cli.formats.w4_gemv), any M.
 
@@ -333,6 +334,8 @@ def gemv(
         meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
+        pdl: launch the GEMV (M <= 16) with programmatic dependent launch: it starts fetching its
+            weights while the previous kernel in the stream finishes (Hopper; the same bits).
     The kernel is chosen by M (`gemv_path`). Every path matches w4_gemv.gemv_reference(x, ...)
     within w4cli.checks' bound, and the two fused kernels give it bit for bit on exact data (the
     GEMV's scale-after-mma path with G % 128 == 0 and K >= 4096 skips the weight's fp16 rounding:
@@ -342,13 +345,13 @@ def gemv(
     """
     del meta
     if x.dim() == 1:
-        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias).squeeze(0)
+        return gemv(x.unsqueeze(0), qweight, qzeros, scales, bias=bias, pdl=pdl).squeeze(0)
     mod = load()
     path = gemv_path(x.shape[0], x.shape[1], scales.shape[-1]) if x.dim() == 2 else "gemv"  # the binding refuses other shapes
     if path == "gemv":
-        return mod.gemv_w4(x, qweight, qzeros, scales, bias, 0)
+        return mod.gemv_w4(x, qweight, qzeros, scales, bias, 0, pdl)
     if path.startswith("gemv"):
-        return torch.cat([mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0)
+        return torch.cat([mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0, pdl)
                           for i in range(0, x.shape[0], GEMV_MAX_M)], dim=0)
     if path.startswith(("batch", "wgmma")):
         if scales.data_ptr() % 16:

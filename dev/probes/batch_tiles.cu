@@ -227,7 +227,7 @@ static double time_shipped(const Layer& L, const __half* x, __half* y, int M, cu
     for (int m0 = 0; m0 < M; m0 += 8) {
       const int rows = std::min(8, M - m0);
       CK(launch_gemv_w4a16(x + (size_t)m0 * L.K, reinterpret_cast<const int32_t*>(L.qweight[set]), L.qzeros,
-                           L.scales, nullptr, y + (size_t)m0 * L.N, rows, L.K, L.N, 128, 0, st));
+                           L.scales, nullptr, y + (size_t)m0 * L.N, rows, L.K, L.N, 128, 0, false, st));
     }
   });
 }
@@ -293,7 +293,7 @@ int main() {
       // outputs of the same weight set (set 0) for the check
       for (int m0 = 0; m0 < M; m0 += 8)
         CK(launch_gemv_w4a16(x + (size_t)m0 * L.K, reinterpret_cast<const int32_t*>(L.qweight[0]), L.qzeros, L.scales,
-                             nullptr, y0 + (size_t)m0 * L.N, std::min(8, M - m0), L.K, L.N, 128, 0, st));
+                             nullptr, y0 + (size_t)m0 * L.N, std::min(8, M - m0), L.K, L.N, 128, 0, false, st));
       const int tiles = (L.N + 15) / 16, S = best_s, NT = M / 8;
       const size_t smem = (size_t)S * NT * 4 * 32 * sizeof(float);
       const Args a = args_for(L, x, y1, M, S, 0);

@@ -95,7 +95,7 @@ int main() {
     for (int it = 0; it < launches + 2; ++it) {
       CK(cudaMemset(trace_ptr(), 0, sizeof(unsigned long long) * W4_GEMV_TRACE * slots));
       read_flush<<<1056, 256>>>(flush, flush_bytes / 16, sink);
-      CK(w4::launch_gemv_w4a16(x, q, z, s, nullptr, y, M, K, N, G, 0, nullptr));
+      CK(w4::launch_gemv_w4a16(x, q, z, s, nullptr, y, M, K, N, G, 0, false, nullptr));
       CK(cudaDeviceSynchronize());
       std::vector<unsigned long long> t((size_t)W4_GEMV_TRACE * slots);
       CK(cudaMemcpy(t.data(), trace_ptr(), t.size() * 8, cudaMemcpyDeviceToHost));

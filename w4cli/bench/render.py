@@ -186,11 +186,12 @@ def step_rows(report: Report) -> list[dict[str, Any]]:
     sums = {row["m"]: row for row in project(report)}
     rows = []
     for m in report.batches:
-        fp, w4 = by.get((m, "fp16")), by.get((m, "w4"))
+        fp, w4, w4p = by.get((m, "fp16")), by.get((m, "w4")), by.get((m, "w4_pdl"))
         if fp is None and w4 is None:
             continue
         fp_us = fp.step_us if fp else None
         w4_us = w4.step_us if w4 else None
+        pdl_us = w4p.step_us if w4p else None
         bytes_us = w4.bytes_per_step / (report.copy_gbps * 1e3) if w4 is not None and report.copy_gbps else None
         rows.append({
             "m": m,
@@ -202,6 +203,9 @@ def step_rows(report: Report) -> list[dict[str, Any]]:
             "fp16_per_shape_sum_us": sums.get(m, {}).get(f"{cases.FP16}_us"),
             "w4_pct_of_copy": 100.0 * bytes_us / w4_us if bytes_us and w4_us else None,
             "w4_seam_us": w4_us - bytes_us if bytes_us is not None and w4_us else None,
+            "w4_pdl_us": pdl_us,
+            "w4_pdl_speedup": fp_us / pdl_us if fp_us and pdl_us else None,
+            "w4_pdl_seam_us": pdl_us - bytes_us if bytes_us is not None and pdl_us else None,
             "layers_measured": w4.layers_measured if w4 else (fp.layers_measured if fp else 0),
             "layers_total": w4.layers_total if w4 else (fp.layers_total if fp else 0),
         })
@@ -214,11 +218,13 @@ def step_table(report: Report) -> Table | None:
         return None
     t = Table(title="One decode step as one CUDA graph: every linear layer in order, each with its own weights",
               title_justify="left")
-    for col in ("M", "fp16 ms", "w4 ms", "vs fp16", "w4 tokens/s", "w4 per-shape sum ms", "w4 % of copy", "w4 seam ms"):
+    for col in ("M", "fp16 ms", "w4 ms", "vs fp16", "w4 tokens/s", "w4 per-shape sum ms", "w4 % of copy", "w4 seam ms",
+                "w4 PDL ms", "vs fp16", "w4 PDL seam ms"):
         t.add_column(col, justify="right" if "vs" not in col else "left", no_wrap=True)
     for row in rows:
         t.add_row(str(row["m"]), _ms(row["fp16_us"]), _ms(row["w4_us"]), _x(row["speedup"]), _tps(row["w4_tokens_per_s"]),
-                  _ms(row["w4_per_shape_sum_us"]), _pct(row["w4_pct_of_copy"]), _ms(row["w4_seam_us"]))
+                  _ms(row["w4_per_shape_sum_us"]), _pct(row["w4_pct_of_copy"]), _ms(row["w4_seam_us"]),
+                  _ms(row["w4_pdl_us"]), _x(row["w4_pdl_speedup"]), _ms(row["w4_pdl_seam_us"]))
     return t
 
 
@@ -310,12 +316,13 @@ def markdown(report: Report) -> str:
     if srows:
         name = report.model.model if report.model else ""
         out += ["", f"One decode step of {name} as one CUDA graph, every linear layer in order (ms):", "",
-                "| M | fp16 | w4 | vs fp16 | w4 tokens/s | w4 per-shape sum | w4 % of copy | w4 seam |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| M | fp16 | w4 | vs fp16 | w4 tokens/s | w4 per-shape sum | w4 % of copy | w4 seam | w4 PDL | vs fp16 | w4 PDL seam |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in srows:
             out.append(f"| {row['m']} | {_ms(row['fp16_us'])} | {_ms(row['w4_us'])} | {_mx(row['speedup'])} | "
                        f"{_tps(row['w4_tokens_per_s'])} | {_ms(row['w4_per_shape_sum_us'])} | {_pct(row['w4_pct_of_copy'])} | "
-                       f"{_ms(row['w4_seam_us'])} |")
+                       f"{_ms(row['w4_seam_us'])} | {_ms(row['w4_pdl_us'])} | {_mx(row['w4_pdl_speedup'])} | "
+                       f"{_ms(row['w4_pdl_seam_us'])} |")
     out += ["", "Bytes counted (GB/s = bytes / median): fp16 K*N*2; w4 K*N/2 + (K/G)*N*2 + (K/G)*N/2; torch int4 "
             "K*N/2 + (K/G)*N*4; each plus M*K*2 + M*N*2; dequantize K*N/2 + (K/G)*N*5/2 + K*N*2. "
             "FAIL = output did not match the reference (no time shown); n/a = not run here."]

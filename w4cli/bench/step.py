@@ -20,6 +20,7 @@ from w4cli.bench.shapes import Linear, ModelShapes
 
 FP16 = "fp16"
 W4 = "w4"
+W4_PDL = "w4_pdl"  # w4 with programmatic dependent launch (the GEMV's; kernels.gemv(pdl=True))
 MEMORY_SHARE = 0.7  # of the free GPU memory, for one method's weights
 W4_STD_CODE = 6.5  # std of (q - z) for uniform codes and zero points in 0..15: sqrt(2 * 255 / 12)
 
@@ -51,7 +52,8 @@ def plan(model: ModelShapes) -> StepPlan | str:
 
 
 def layer_bytes(layer: tuple[Linear, ...], method: str, group: int) -> int:
-    """Weight bytes of one decoder layer in this method's format (w4: int4 + fp16 scales + int4 zeros)."""
+    """Weight bytes of one decoder layer in this method's format (w4, w4_pdl: int4 + fp16 scales +
+    int4 zeros)."""
     if method == FP16:
         return sum(lin.k * lin.n * 2 for lin in layer)
     return sum(lin.k * lin.n // 2 + (lin.k // group) * lin.n * 5 // 2 for lin in layer)
@@ -157,7 +159,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
             t = timing.measure(torch.nn.functional.linear, head_set, 0, lambda out, args: bool(torch.isfinite(out).all()),
                                name="lm_head", replays=replays)
             head_us[m] = t.median_us
-    for method in (FP16, W4):
+    for method in (FP16, W4, W4_PDL):
         if cuda:
             torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info()[0] if cuda else 2**33
@@ -167,6 +169,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
                 results.append(StepResult(m, method, 0, p.decoder_layers, None, head_us.get(m), 0, "one decoder layer does not fit"))
             continue
         make = fp16_weight if method == FP16 else w4_layer
+        pdl = {"pdl": True} if method == W4_PDL else {}
         weights = [[make(lin) for lin in p.layer] for _ in range(count)]
         flat = tuple(t for layer in weights for w in layer for t in ((w,) if method == FP16 else tuple(w.values())))
         calls = wire(p.layer, hidden, count)
@@ -177,7 +180,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
             for c, (inp, i, _out, halve) in enumerate(calls):
                 w = weights[c // len(p.layer)][i]
                 src = buffers[inp][:, : p.layer[i].k].contiguous() if halve else buffers[inp]
-                buffers.append(torch.nn.functional.linear(src, w) if method == FP16 else gemv(src, **w))
+                buffers.append(torch.nn.functional.linear(src, w) if method == FP16 else gemv(src, **w, **pdl))
             return buffers[-1]
 
         l2 = timing.l2_cache_bytes() if cuda else 0
@@ -194,7 +197,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
                 # choice may differ under capture)
                 if not bool(torch.isfinite(out).all()):
                     return False
-                if method == W4:
+                if method != FP16:
                     return torch.equal(out, eager)
                 return float((out.float() - eager.float()).abs().max()) <= 0.01 * float(eager.float().abs().max())
 
