@@ -164,6 +164,11 @@ def test_decode_step_plan_wiring_and_bytes():
     assert step.layers_that_fit(p, step.FP16, 128, 10 * 2 * one_layer) == 7  # 70% of ten layers' bytes
     assert step.layers_that_fit(p, step.W4, 128, 10**12) == 32
     assert isinstance(step.plan(shapes.from_config(MIXTRAL)), str)  # routed experts: per-shape projection only
+    # a layer w4's kernels refuse (K = 4544 is no multiple of the group): no step, one note, no GPU touched
+    falcon = shapes.from_config({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+                                 "num_hidden_layers": 2, "multi_query": True, "vocab_size": 1000})
+    results, why = step.measure(falcon, [1], 128, None, 5, lambda label: None, "cpu", None)
+    assert results == [] and "query_key_value" in why and "multiple" in why
 
 
 def test_multimodal_text_config_is_used():

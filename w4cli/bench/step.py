@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from w4cli import contract
 from w4cli.bench.shapes import Linear, ModelShapes
 
 FP16 = "fp16"
@@ -133,6 +134,9 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
     p = plan(model)
     if isinstance(p, str):
         return [], p
+    refused = next(((lin, why) for lin in p.layer if (why := contract.gemv_refusal(lin.k, lin.n, group))), None)
+    if refused is not None:
+        return [], f"the decode step as one graph needs every layer in w4's kernels; {refused[0].name}: {refused[1]}"
     hidden = p.head.k if p.head is not None else p.layer[0].k
     results: list[StepResult] = []
     gen = torch.Generator(device=device).manual_seed(7)
