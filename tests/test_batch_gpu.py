@@ -58,16 +58,23 @@ SHAPES = [
 ]
 
 
+# (kernel, M, row tiles): the mma.sync kernel's variants (NT = 2 only at M <= 16), then the wgmma
+# kernel's (one m64 tile per warpgroup from M = 65)
+TILINGS = [(1, 9, 2), (1, 16, 2), (1, 24, 1), (1, 31, 2), (1, 40, 1), (1, 64, 2)] + [
+    (2, m, tiles) for m, tiles in [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1), (128, 1)]]
+
+
 @pytest.mark.parametrize("k,n,g", SHAPES)
-@pytest.mark.parametrize("m,tiles", [(9, 2), (16, 2), (24, 1), (31, 2), (40, 1), (64, 2)])
-def test_exact_every_tiling_and_split(kernels, k, n, g, m, tiles):
+@pytest.mark.parametrize("kernel,m,tiles", TILINGS)
+def test_exact_every_tiling_and_split(kernels, k, n, g, kernel, m, tiles):
+    kernel_or_skip(kernel)
     layer = make_layer(k, n, g, seed=k + n + m, exact=True)
     x = activations(m, k, seed=m, exact=True)
     bias = exact_bias(n, k)
     ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
     kblocks = -(-k // 128)
     for splits in sorted({1, 2, 3, 7, kblocks}):
-        out = kernels._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles)
+        out = kernels._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles, kernel=kernel)
         assert_exact(out, ref)
 
 
@@ -75,19 +82,6 @@ def test_exact_every_tiling_and_split(kernels, k, n, g, m, tiles):
 def hopper(kernels):
     kernel_or_skip(2)  # the wgmma kernel exists for compute capability 9.0 only (sm_90a)
     return kernels
-
-
-@pytest.mark.parametrize("k,n,g", SHAPES)
-@pytest.mark.parametrize("m,tiles", [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1), (128, 1)])
-def test_wgmma_exact_every_tiling_and_split(hopper, k, n, g, m, tiles):
-    layer = make_layer(k, n, g, seed=k + n + m, exact=True)
-    x = activations(m, k, seed=m, exact=True)
-    bias = exact_bias(n, k)
-    ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
-    kblocks = -(-k // 128)
-    for splits in sorted({1, 2, 3, 7, kblocks}):
-        out = hopper._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles, kernel=2)
-        assert_exact(out, ref)
 
 
 @pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336)])

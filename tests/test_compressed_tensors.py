@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 from tests.awq_builder import install_hub_cache
 from tests.ct_builder import ct_checkpoint, ct_config, random_ct_layer, small_ct_model, weights_args
 from tests.test_dequantize_cli import load_output
-from tests.test_refusals import assert_refused
+from tests.test_refusals import assert_refused, assert_refused_by_dequantize_and_verify, rewrite_tensors
 from w4cli.checks import raw_bits as bits
-from w4cli.errors import EXIT_FAILED, EXIT_REFUSED
+from w4cli.errors import EXIT_FAILED
 
 UP = "model.layers.0.mlp.up_proj"
 FORMAT_ONLY = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
@@ -155,12 +155,6 @@ def _weights(**changes) -> dict:
     return {**weights_args(32), **changes}
 
 
-def _rewrite(src, edit) -> None:
-    tensors = load_file(src / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-
-
 @pytest.mark.parametrize(
     "config,edit,named",
     [
@@ -189,7 +183,5 @@ def test_refusals(tmp_path, w4, config, edit, named):
     ckpt.config["quantization_config"].update(config)
     src = ckpt.write(tmp_path / "src")
     if edit is not None:
-        _rewrite(src, edit)
-    assert_refused(w4("dequantize", src, tmp_path / "out"), tmp_path / "out", named)
-    verify = w4("verify", src)
-    assert verify.exit_code in (EXIT_FAILED, EXIT_REFUSED) and named in verify.stdout + verify.stderr
+        rewrite_tensors(src, edit)
+    assert_refused_by_dequantize_and_verify(w4, src, tmp_path / "out", named)

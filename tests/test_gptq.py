@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 from tests.awq_builder import install_hub_cache
 from tests.gptq_builder import gptq_checkpoint, gptqmodel_reference, random_gptq_layer, small_gptq_model
 from tests.test_dequantize_cli import load_output
-from tests.test_refusals import assert_refused
+from tests.test_refusals import assert_refused, assert_refused_by_dequantize_and_verify, rewrite_tensors
 from w4cli.checks import raw_bits as bits
-from w4cli.errors import EXIT_FAILED, EXIT_REFUSED
+from w4cli.errors import EXIT_FAILED
 
 UP = "model.layers.0.mlp.up_proj"
 FORMAT_ONLY = ("qweight", "qzeros", "scales", "g_idx")
@@ -194,12 +194,6 @@ def test_repack_refuses_act_order_and_bf16_scales_but_dequantize_reads_them(tmp_
         assert w4("dequantize", src, tmp_path / f"dense-{src.name}", "--device", "cpu").exit_code == 0
 
 
-def _rewrite(src, edit) -> None:
-    tensors = load_file(src / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-
-
 def _permute(tensors) -> None:
     tensors[f"{UP}.g_idx"] = tensors[f"{UP}.g_idx"].flip(0).contiguous()
 
@@ -227,7 +221,5 @@ def test_refusals(tmp_path, w4, config, edit, named):
     ckpt.config["quantization_config"].update(config)
     src = ckpt.write(tmp_path / "src")
     if edit is not None:
-        _rewrite(src, edit)
-    assert_refused(w4("dequantize", src, tmp_path / "out"), tmp_path / "out", named)
-    verify = w4("verify", src)
-    assert verify.exit_code in (EXIT_FAILED, EXIT_REFUSED) and named in verify.stdout + verify.stderr
+        rewrite_tensors(src, edit)
+    assert_refused_by_dequantize_and_verify(w4, src, tmp_path / "out", named)

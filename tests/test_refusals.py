@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from tests.awq_builder import Checkpoint, install_hub_cache, random_layer, small_model
-from w4cli.errors import EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
+from w4cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
 
 UP = "model.layers.0.mlp.up_proj"
 
@@ -26,6 +26,20 @@ def assert_refused(result, out: Path, *fragments: str, code: int = EXIT_REFUSED)
     assert "Traceback" not in result.stderr + result.stdout
     assert not out.exists() or not any(out.iterdir())
     assert not [p for p in out.parent.iterdir() if ".w4tmp-" in p.name]
+
+
+def rewrite_tensors(src: Path, edit) -> None:
+    """Edit a one-file checkpoint's tensors in place: edit(tensors) changes the dict."""
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+
+
+def assert_refused_by_dequantize_and_verify(w4, src: Path, out: Path, named: str) -> None:
+    """dequantize refuses with one line naming `named`; verify reports it (a failed row or a refusal)."""
+    assert_refused(w4("dequantize", src, out), out, named)
+    verify = w4("verify", src)
+    assert verify.exit_code in (EXIT_FAILED, EXIT_REFUSED) and named in verify.stdout + verify.stderr
 
 
 def edit_config(src: Path, **quant) -> None:
