@@ -23,3 +23,5 @@ def main() -> None:
         # an interrupt while the command line is imported or set up; commands report their own
         sys.stderr.write("error: interrupted\n")
         sys.exit(EXIT_INTERRUPTED)
+    finally:
+        signals.quiet()

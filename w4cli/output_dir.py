@@ -128,7 +128,7 @@ class OutputDirectory:
     def __enter__(self) -> OutputDirectory:
         try:
             # a stop request waits until the claim is whole, so it is never left half made
-            with signals.deferred():
+            with signals.held():
                 self._make_parents()
                 self._lock = _take_lock(self._sibling(LOCK), self.output)
                 self._check_replaceable()
@@ -145,7 +145,7 @@ class OutputDirectory:
     def __exit__(self, *exc_info) -> None:
         # the run is ending either way: a stop request during the clean-up changes nothing, and
         # must not leave it half done
-        with signals.deferred(redeliver=False):
+        with signals.held(redeliver=False):
             self._release()
 
     def _make_parents(self) -> None:
@@ -211,7 +211,7 @@ class OutputDirectory:
             _fsync(path)
         _fsync(self.temp)
         # a stop request between the rename and its record would make the report lie
-        with signals.deferred():
+        with signals.held():
             self._place()
         _fsync(self.target.parent)
         if self.previous is not None:

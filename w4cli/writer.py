@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from w4cli import signals
 from w4cli.checkpoint import DTYPES
 from w4cli.console import byte_progress
 from w4cli.errors import UsageError
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 
 SHARD_PATTERN = "model{suffix}.safetensors"
 INDEX = "model.safetensors.index.json"
+HAND_OVER_WAIT_S = 0.05  # longest a stop request waits while the writer thread is busy
 
 
 @dataclass
@@ -204,9 +208,6 @@ class _Writer:
     so memory holds about two output tensors, whatever the shard size."""
 
     def __init__(self) -> None:
-        import queue
-        import threading
-
         self.seconds = 0.0
         self.error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=1)
@@ -231,13 +232,25 @@ class _Writer:
             except BaseException as exc:  # noqa: BLE001 - handed to the producer thread
                 self.error = exc
 
+    def _hand_over(self, item) -> None:
+        """Queue `item` with stop requests held: a KeyboardInterrupt inside the queue's Python
+        locks can lose the wake-up the writer waits for (w4cli/signals.py). Each attempt waits a
+        short while, so a held request takes effect between attempts, not after a long write."""
+        while True:
+            with signals.held():
+                try:
+                    self._queue.put(item, timeout=HAND_OVER_WAIT_S)
+                    return
+                except queue.Full:
+                    pass
+
     def put(self, handle, chunk) -> None:
         if self.error is not None:
             raise self.error
-        self._queue.put((handle, chunk))
+        self._hand_over((handle, chunk))
 
     def finish(self) -> None:
-        self._queue.put(None)
+        self._hand_over(None)
         self._thread.join()
         if self.error is not None:
             raise self.error
