@@ -479,6 +479,19 @@ def test_cli_run_writes_json_and_markdown(w4, tmp_path, cpu_runner):
     assert [row["m"] for row in step_rows] == [1, 2] and all(row["w4_us"] > 0 and row["fp16_us"] > 0 for row in step_rows)
     assert {(r["method"], r["layers_measured"], r["layers_total"]) for r in doc["decode_step"]["results"]} == {
         ("fp16", 2, 2), ("w4", 2, 2), ("w4_pdl", 2, 2)}
+    # where the step goes: each fused kind alone for fp16 and w4 with PDL, its bytes those of the
+    # step's body (lm_head is measured apart), every graph 10 us (fake_measure)
+    kinds = [(row["m"], row["kind"]) for row in doc["decode_step"]["kinds"]]
+    names = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "all kinds"]
+    assert kinds == [(m, name) for m in (1, 2) for name in names]
+    for r in doc["decode_step"]["results"]:
+        assert [k["name"] for k in r["kinds"]] == (names[:-1] if r["method"] in ("fp16", "w4_pdl") else [])
+        head = 256 * 1000 * 2 + r["m"] * (256 + 1000) * 2
+        assert not r["kinds"] or sum(k["bytes"] for k in r["kinds"]) == r["bytes_per_step"] - head
+        assert all(k["us"] == 10.0 for k in r["kinds"])  # both decoder layers measured: nothing scaled
+    shares = [row["w4_share"] for row in doc["decode_step"]["kinds"] if row["m"] == 1]
+    assert shares == [25.0, 25.0, 25.0, 25.0, 100.0]
+    assert "Where the decode step goes" in result.stdout and "| 1 | gate_up_proj |" in result.stdout
 
 
 def test_cli_exits_1_when_a_kernel_fails(w4, cpu_runner):

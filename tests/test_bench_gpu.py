@@ -51,5 +51,9 @@ def test_decode_step_as_one_graph_on_a_small_dense_model(w4, tmp_path):
         assert set(results) == {(m, method) for m in (1, 16) for method in ("fp16", "w4", "w4_pdl")}
         for r in results.values():
             assert r["layers_measured"] == r["layers_total"] == 4 and r["step_us"] > r["head_us"] > 0, r
+            # each kind alone, its own graph checked like the step's (bit for bit for w4)
+            kinds = 4 if fuse == "--fuse" else 7  # qkv, o, gate_up, down; or q, k, v, o, gate, up, down
+            assert len(r["kinds"]) == (kinds if r["method"] in ("fp16", "w4_pdl") else 0), r
+            assert all(k["us"] > 0 for k in r["kinds"])
         assert [row["m"] for row in doc["decode_step"]["rows"]] == [1, 16]
         assert "as one CUDA graph" in result.stdout

@@ -228,6 +228,59 @@ def step_table(report: Report) -> Table | None:
     return t
 
 
+def kind_rows(report: Report) -> list[dict[str, Any]]:
+    """Where the decode step goes, per M and layer kind (w4cli/bench/step.py KindTime): fp16 and
+    w4 (with PDL) ms for the kind's layers alone, each method's share of its kinds' total, its %
+    of the copy rate over the kind's bytes, and the ratio; the kinds' total closes each M."""
+    by = {(r.m, r.method): r for r in report.steps}
+    rows = []
+    for m in report.batches:
+        fp, w4 = by.get((m, "fp16")), by.get((m, "w4_pdl"))
+        if fp is None or w4 is None or not fp.kinds or not w4.kinds:
+            continue
+        fp_total, w4_total = sum(k.us for k in fp.kinds), sum(k.us for k in w4.kinds)
+        for f, w in [*zip(fp.kinds, w4.kinds), (None, None)]:
+            name = f.name if f else "all kinds"
+            fp_us, w4_us = (f.us, w.us) if f else (fp_total, w4_total)
+            fp_bytes, w4_bytes = (f.bytes, w.bytes) if f else (sum(k.bytes for k in fp.kinds), sum(k.bytes for k in w4.kinds))
+            rows.append({
+                "m": m,
+                "kind": name,
+                "fp16_us": fp_us,
+                "fp16_share": 100.0 * fp_us / fp_total if fp_total else None,
+                "fp16_pct_of_copy": _pct_of_copy(fp_bytes, fp_us, report.copy_gbps),
+                "w4_us": w4_us,
+                "w4_share": 100.0 * w4_us / w4_total if w4_total else None,
+                "w4_pct_of_copy": _pct_of_copy(w4_bytes, w4_us, report.copy_gbps),
+                "speedup": fp_us / w4_us if w4_us else None,
+            })
+    return rows
+
+
+def _pct_of_copy(nbytes: int, us: float, copy_gbps: float | None) -> float | None:
+    return 100.0 * nbytes / (us * 1e3) / copy_gbps if us and copy_gbps else None
+
+
+_KIND_COLUMNS = ("M", "layer kind", "fp16 ms", "share", "% of copy", "w4 PDL ms", "share", "% of copy", "vs fp16")
+
+
+def _kind_cells(row: dict[str, Any]) -> list[Any]:
+    return [str(row["m"]), row["kind"], _ms(row["fp16_us"]), _pct(row["fp16_share"]), _pct(row["fp16_pct_of_copy"]),
+            _ms(row["w4_us"]), _pct(row["w4_share"]), _pct(row["w4_pct_of_copy"])]
+
+
+def kind_table(report: Report) -> Table | None:
+    rows = kind_rows(report)
+    if not rows:
+        return None
+    t = Table(title="Where the decode step goes: each layer kind's layers alone, one graph per kind", title_justify="left")
+    for col in _KIND_COLUMNS:
+        t.add_column(col, justify="left" if col in ("layer kind", "vs fp16") else "right", no_wrap=True)
+    for row in rows:
+        t.add_row(*_kind_cells(row), _x(row["speedup"]), end_section=row["kind"] == "all kinds")
+    return t
+
+
 def _tps(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
 
@@ -267,6 +320,9 @@ def notes(report: Report) -> list[str]:
         lines.append("decode step as one graph: the linear layers only (no attention, norms or sampling; where a fused "
                      "gate_up_proj feeds down_proj, a copy of half its output stands in for the activation); "
                      "seam = step time minus the step's bytes at the copy rate")
+    if kind_rows(report):
+        lines.append("where the step goes: a kind's time is its layers alone, back to back in one graph, so the "
+                     "kinds' total leaves out the seams between different kinds")
     return lines
 
 
@@ -323,6 +379,11 @@ def markdown(report: Report) -> str:
                        f"{_tps(row['w4_tokens_per_s'])} | {_ms(row['w4_per_shape_sum_us'])} | {_pct(row['w4_pct_of_copy'])} | "
                        f"{_ms(row['w4_seam_us'])} | {_ms(row['w4_pdl_us'])} | {_mx(row['w4_pdl_speedup'])} | "
                        f"{_ms(row['w4_pdl_seam_us'])} |")
+    krows = kind_rows(report)
+    if krows:
+        out += ["", "Where the decode step goes: each layer kind's layers alone, one graph per kind (ms):", "",
+                _md_row(_KIND_COLUMNS), _md_row("---" for _ in _KIND_COLUMNS)]
+        out += [_md_row([*_kind_cells(row), _mx(row["speedup"])]) for row in krows]
     out += ["", "Bytes counted (GB/s = bytes / median): fp16 K*N*2; w4 K*N/2 + (K/G)*N*2 + (K/G)*N/2; torch int4 "
             "K*N/2 + (K/G)*N*4; each plus M*K*2 + M*N*2; dequantize K*N/2 + (K/G)*N*5/2 + K*N*2. "
             "FAIL = output did not match the reference (no time shown); n/a = not run here."]
@@ -384,6 +445,7 @@ def to_json(report: Report) -> dict[str, Any]:
         ],
         "results": [r.to_dict() for r in report.results],
         "summary": project(report),
-        "decode_step": {"results": [r.to_dict() for r in report.steps], "rows": step_rows(report)},
+        "decode_step": {"results": [r.to_dict() for r in report.steps], "rows": step_rows(report),
+                        "kinds": kind_rows(report)},
         "notes": notes(report),
     }

@@ -47,10 +47,12 @@ def rows(shape: Shape, batches: list[int], group: int) -> list[tuple[Method, int
 
 def steps_for(shapes: list[Shape], batches: list[int], group: int, model: ModelShapes | None = None) -> int:
     """How many step() calls run() makes (for a progress bar): the copy, one per measurement, and
-    for a dense MODEL the decode step (lm_head, fp16, w4, w4 with PDL at every M)."""
+    for a dense MODEL the decode step (lm_head, fp16, w4, w4 with PDL at every M, and each layer
+    kind alone for the breakdown methods)."""
     steps = 1 + sum(why is None for s in shapes for _, _, why in rows(s, batches, group))
-    if model is not None and not isinstance(decode_step.plan(model), str):
-        steps += 4 * len(batches)
+    plan = decode_step.plan(model) if model is not None else None
+    if plan is not None and not isinstance(plan, str):
+        steps += len(batches) * (4 + len(decode_step.BREAKDOWN_METHODS) * len(plan.layer))
     return steps
 
 

@@ -22,6 +22,7 @@ from w4cli.bench.shapes import Linear, ModelShapes
 FP16 = "fp16"
 W4 = "w4"
 W4_PDL = "w4_pdl"  # w4 with programmatic dependent launch (the GEMV's; kernels.gemv(pdl=True))
+BREAKDOWN_METHODS = (FP16, W4_PDL)  # each layer kind timed on its own: fp16 and w4 at its fastest
 MEMORY_SHARE = 0.7  # of the free GPU memory, for one method's weights
 W4_STD_CODE = 6.5  # std of (q - z) for uniform codes and zero points in 0..15: sqrt(2 * 255 / 12)
 
@@ -87,6 +88,19 @@ def wire(layer: tuple[Linear, ...], hidden: int, decoder_layers: int) -> list[tu
 
 
 @dataclass(frozen=True)
+class KindTime:
+    """One layer kind's share of the step: its layers alone, one per measured decoder layer, each
+    with its own weights and back to back in one graph, scaled to all decoder layers."""
+
+    name: str
+    us: float
+    bytes: int  # over all decoder layers: weights, activations in and out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "us": self.us, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
 class StepResult:
     """One method's decode step at batch M: the graph's median over the measured decoder layers,
     scaled to all of them, plus lm_head (fp16 in both) measured alone."""
@@ -99,6 +113,7 @@ class StepResult:
     head_us: float | None
     bytes_per_step: int
     note: str = ""
+    kinds: tuple[KindTime, ...] = ()  # where the step goes (BREAKDOWN_METHODS only)
 
     @property
     def step_us(self) -> float | None:
@@ -109,13 +124,19 @@ class StepResult:
     def to_dict(self) -> dict[str, Any]:
         return {"m": self.m, "method": self.method, "layers_measured": self.layers_measured,
                 "layers_total": self.layers_total, "measured_us": self.measured_us, "head_us": self.head_us,
-                "step_us": self.step_us, "bytes_per_step": self.bytes_per_step, "note": self.note}
+                "step_us": self.step_us, "bytes_per_step": self.bytes_per_step, "note": self.note,
+                "kinds": [k.to_dict() for k in self.kinds]}
+
+
+def linear_bytes(lin: Linear, method: str, m: int, group: int) -> int:
+    """Bytes one call of `lin` moves at least: its weights in this method's format, activations in
+    and out."""
+    return layer_bytes((lin,), method, group) + m * (lin.k + lin.n) * 2
 
 
 def step_bytes(step: StepPlan, method: str, m: int, group: int) -> int:
     """Bytes one step moves at least: every layer's weights, activations in and out, and lm_head."""
-    body = step.decoder_layers * (layer_bytes(step.layer, method, group)
-                                  + sum(m * (lin.k + lin.n) * 2 for lin in step.layer))
+    body = step.decoder_layers * sum(linear_bytes(lin, method, m, group) for lin in step.layer)
     head = 0 if step.head is None else step.head.k * step.head.n * 2 + m * (step.head.k + step.head.n) * 2
     return body + head
 
@@ -178,24 +199,35 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
         flat = tuple(t for layer in weights for w in layer for t in ((w,) if method == FP16 else tuple(w.values())))
         calls = wire(p.layer, hidden, count)
 
+        def call(x: torch.Tensor, w: Any) -> torch.Tensor:
+            return torch.nn.functional.linear(x, w) if method == FP16 else gemv(x, **w, **pdl)
+
         def run(x: torch.Tensor, *_weights: torch.Tensor) -> torch.Tensor:
             # the weights travel in the arguments only so that the harness counts their bytes
             buffers = [x]
             for c, (inp, i, _out, halve) in enumerate(calls):
-                w = weights[c // len(p.layer)][i]
                 src = buffers[inp][:, : p.layer[i].k].contiguous() if halve else buffers[inp]
-                buffers.append(torch.nn.functional.linear(src, w) if method == FP16 else gemv(src, **w, **pdl))
+                buffers.append(call(src, weights[c // len(p.layer)][i]))
             return buffers[-1]
+
+        def run_kind(i: int) -> Callable[..., torch.Tensor]:
+            def run(x: torch.Tensor, *_weights: torch.Tensor) -> torch.Tensor:
+                # every decoder layer's copy of linear i reads the same input: no chain, only the
+                # kind's own kernels and the seams between them
+                out = x
+                for layer in weights:
+                    out = call(x, layer[i])
+                return out
+            return run
 
         l2 = timing.l2_cache_bytes() if cuda else 0
         weight_bytes = sum(t.numel() * t.element_size() for t in flat)
         multiple = timing.L2_MULTIPLE if weight_bytes >= timing.L2_MULTIPLE * l2 else 0.0
-        for m in batches:
-            step(f"decode step {method} M={m}")
-            x = torch.randn(m, hidden, generator=gen, device=device).half()
-            eager = run(x)
+        def timed(fn: Callable[..., torch.Tensor], x: torch.Tensor, nbytes: int, name: str) -> float:
+            """The graph's median; its replay must give the eager result (w4cli/timing.py checks)."""
+            eager = fn(x)
 
-            def same_as_eager(out: torch.Tensor, args: tuple, eager: torch.Tensor = eager) -> bool:
+            def same_as_eager(out: torch.Tensor, args: tuple) -> bool:
                 # the chain stays finite, and the graph replays the eager step: bit for bit for w4's
                 # deterministic kernels, within 1% of the largest output for cuBLAS (whose algorithm
                 # choice may differ under capture)
@@ -205,19 +237,31 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
                     return torch.equal(out, eager)
                 return float((out.float() - eager.float()).abs().max()) <= 0.01 * float(eager.float().abs().max())
 
+            t = timing.measure(fn, [(x, *flat)], nbytes, same_as_eager, name=name, copy=copy, replays=replays,
+                               l2_multiple=multiple)
+            return t.median_us
+
+        scale = p.decoder_layers / count
+        for m in batches:
+            step(f"decode step {method} M={m}")
             notes = [] if count == p.decoder_layers else [f"{count} of {p.decoder_layers} decoder layers fit; scaled"]
             if not multiple:
                 notes.append(f"weights {weight_bytes / max(1, l2):.1f}x L2: partly served from L2, optimistic")
             note = "; ".join(notes)
+            kinds: list[KindTime] = []
             try:
-                t = timing.measure(run, [(x, *flat)], step_bytes(p, method, m, group), same_as_eager,
-                                   name=f"decode step {method}", copy=copy, replays=replays, l2_multiple=multiple)
-                measured = t.median_us
+                x = torch.randn(m, hidden, generator=gen, device=device).half()
+                measured: float | None = timed(run, x, step_bytes(p, method, m, group), f"decode step {method}")
+                for i, lin in enumerate(p.layer if method in BREAKDOWN_METHODS else ()):
+                    step(f"decode step {method} M={m} {lin.name}")
+                    xi = torch.randn(m, lin.k, generator=gen, device=device).half()
+                    nbytes = count * linear_bytes(lin, method, m, group)
+                    us = timed(run_kind(i), xi, nbytes, f"decode step {method} {lin.name}")
+                    kinds.append(KindTime(lin.name, us * scale, int(nbytes * scale)))
             except torch.cuda.OutOfMemoryError:
-                measured, note = None, "out of GPU memory"
+                measured, note, kinds = None, "out of GPU memory", []
             results.append(StepResult(m, method, count, p.decoder_layers, measured, head_us.get(m),
-                                      step_bytes(p, method, m, group), note))
-            del eager
+                                      step_bytes(p, method, m, group), note, tuple(kinds)))
         del weights, flat
     if cuda:
         torch.cuda.empty_cache()

@@ -133,7 +133,7 @@ def _show(report, markdown: bool) -> None:
     if report.model is not None:
         console.stdout.print(render.shapes_table(report))
     console.stdout.print(render.results_table(report))
-    for table in (render.summary_table(report), render.step_table(report)):
+    for table in (render.summary_table(report), render.step_table(report), render.kind_table(report)):
         if table is not None:
             console.stdout.print(table)
     for line in render.notes(report):
