@@ -126,7 +126,7 @@ def awq_tensors(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tens
     if layer.layout == AWQ_GEMM:
         return t[layer.qweight], t[layer.qzeros], t[layer.scales]
     if layer.layout == W4_GEMV:
-        awq = w4_gemv.to_awq(*(t[name] for name in layer.tensor_names))
+        awq = w4_gemv.to_awq(*(t[layer.tensor(suffix)] for suffix in w4_gemv.TENSOR_NAMES))
         return awq["qweight"], awq["qzeros"], awq["scales"]
     unpacked = unpack_layer(scheme, layer, t)
     if unpacked.g_idx is not None:
@@ -181,14 +181,47 @@ def _plain_tensor(model: QuantModel, name: str, dtype: torch.dtype) -> OutputTen
     return OutputTensor(name, info.shape, out_dtype, produce, sum(checkpoint.tensors[n].nbytes for n in inputs))
 
 
+class _LastFused:
+    """A fused linear's whole weight or bias (w4cli/fuse.py), kept while its parts are written in a
+    row, so it is read and dequantized once."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.value: torch.Tensor | None = None
+
+    def get(self, whole: OutputTensor) -> torch.Tensor:
+        if self.name != whole.name:
+            self.name, self.value = whole.name, None  # the old one freed before the new one is made
+            self.value = whole.produce()
+        assert self.value is not None
+        return self.value
+
+
+def _split(whole: OutputTensor, layer: QuantLinear, suffix: str, cache: _LastFused) -> list[OutputTensor]:
+    """A fused linear's weight [N, K] or bias [N] as its parts' own tensors: rows of the whole."""
+    out = []
+    start = 0
+    for i, (part, n) in enumerate(layer.parts):
+        rows = slice(start, start + n)
+        out.append(OutputTensor(f"{part}.{suffix}", (n, *whole.shape[1:]), whole.dtype,
+                                lambda rows=rows: cache.get(whole)[rows].clone(), whole.source_bytes if i == 0 else 0))
+        start += n
+    return out
+
+
 def plan_tensors(model: QuantModel, dtype: torch.dtype, dequantizer: Dequantizer) -> list[OutputTensor]:
     tensors: list[OutputTensor] = []
+    cache = _LastFused()
     for kind, name in model.order:
         if kind == "layer":
             layer = model.layers[name]
-            tensors.append(_layer_tensor(model, layer, dtype, dequantizer))
-            if layer.bias:
-                tensors.append(_plain_tensor(model, layer.bias, dtype))
+            weight = _layer_tensor(model, layer, dtype, dequantizer)
+            bias = _plain_tensor(model, layer.bias, dtype) if layer.bias else None
+            if layer.parts:
+                tensors += _split(weight, layer, "weight", cache)
+                tensors += _split(bias, layer, "bias", cache) if bias else []
+            else:
+                tensors += [weight, bias] if bias else [weight]
         else:
             tensors.append(_plain_tensor(model, name, dtype))
     return tensors

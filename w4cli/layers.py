@@ -16,13 +16,14 @@ from w4cli.checkpoint import DTYPES, FLOAT_CODES, Checkpoint, TensorInfo
 from w4cli.errors import InputRefused
 from w4cli.formats import compressed_tensors, gptq
 from w4cli.formats.awq_gemm import PACK
+from w4cli.fuse import SPLIT_SUFFIX
 from w4cli.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme
 
 # each layout's tensors of one linear: the required ones first, the first of them naming the
 # linear; then the optional ones
 LAYOUT_SUFFIXES = {
     AWQ_GEMM: ("qweight", "qzeros", "scales"),
-    W4_GEMV: ("qweight", "qzeros", "scales", "meta"),
+    W4_GEMV: ("qweight", "qzeros", "scales", "meta", SPLIT_SUFFIX),
     GPTQ: gptq.REQUIRED + gptq.OPTIONAL,
     COMPRESSED_TENSORS: compressed_tensors.REQUIRED + compressed_tensors.OPTIONAL,
 }
@@ -44,6 +45,7 @@ class QuantLinear:
     bias: str | None
     layout: str = AWQ_GEMM
     optional: tuple[str, ...] = ()  # the layout's optional tensors this linear has (g_idx, ...)
+    parts: tuple[tuple[str, int], ...] = ()  # a fused w4-gemv linear: (part prefix, its N), in order
 
     @property
     def suffixes(self) -> tuple[str, ...]:
@@ -127,7 +129,27 @@ def _check_w4_layer(checkpoint: Checkpoint, prefix: str, t: dict[str, TensorInfo
     if scheme.group_size != -1:
         _expect(g == scheme.group_size, f"{prefix}: group size {g} in meta but {scheme.group_size} in the config")
     _check_bias(bias, n)
-    return QuantLinear(prefix, k, n, g, bias.name if bias else None, W4_GEMV)
+    parts = _fused_parts(checkpoint, prefix, t[SPLIT_SUFFIX], n, scheme) if SPLIT_SUFFIX in t else ()
+    return QuantLinear(prefix, k, n, g, bias.name if bias else None, W4_GEMV, (SPLIT_SUFFIX,) if parts else (), parts)
+
+
+def _fused_parts(checkpoint: Checkpoint, prefix: str, split: TensorInfo, n: int, scheme: QuantScheme) -> tuple[tuple[str, int], ...]:
+    """A fused linear's parts (w4cli/fuse.py): their names from quantization_config "fused", their
+    N from `split`, which must cover N in multiples of 8."""
+    parent, _, name = prefix.rpartition(".")
+    fused = scheme.config.get("fused")
+    names = fused.get(name) if isinstance(fused, dict) else None
+    _expect(
+        isinstance(names, list) and len(names) > 1 and all(isinstance(part, str) and part.isidentifier() for part in names),
+        f"{split.name}: quantization_config has no \"fused\" entry naming the parts of {name}",
+    )
+    _expect(split.dtype == "I32" and split.shape == (len(names),), f"{split.name} must be I32 [{len(names)}], one N per part of {name}")
+    sizes = [int(v) for v in checkpoint.read_one(split.name).tolist()]
+    _expect(
+        all(size > 0 and size % PACK == 0 for size in sizes) and sum(sizes) == n,
+        f"{split.name} holds {sizes}: the parts' N must be positive multiples of {PACK} adding up to N={n}",
+    )
+    return tuple((f"{parent}.{part}" if parent else part, size) for part, size in zip(names, sizes))
 
 
 def _check_layer(prefix: str, t: dict[str, TensorInfo], scheme: QuantScheme, bias: TensorInfo | None) -> QuantLinear:
@@ -233,6 +255,10 @@ def find_layers(checkpoint: Checkpoint, scheme: QuantScheme) -> QuantModel:
             extra = sorted(found)[0]
             raise InputRefused(f"{prefix}.{extra} has no {prefix}.{anchor}: a stray quantization tensor")
     _expect(bool(layers), f"no quantized linear (no *.{anchor} tensor) in the checkpoint")
+    for layer in layers.values():
+        for part, _ in layer.parts:
+            clash = next((name for name in (part, f"{part}.weight", f"{part}.bias") if name in layers or name in tensors), None)
+            _expect(clash is None, f"{layer.prefix} is fused from {part}, but the checkpoint also has {clash}")
     _refuse_foreign(tensors, layers, scheme.layout)
     _refuse_quantized_skips(layers, scheme)
 

@@ -7,16 +7,19 @@ checkpoint). A symmetric format's implicit zero point (8) becomes explicit zeros
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from w4cli import fuse
 from w4cli.checkpoint import DTYPES
 from w4cli.contract import gemv_refusal
 from w4cli.dequantize import awq_tensors, torch_dtype_name
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
 from w4cli.formats.unpacked import identity_groups
+from w4cli.fuse import FusedGroup
 from w4cli.layers import QuantLinear, QuantModel
 from w4cli.quant_config import W4_GEMV, w4_gemv_config
 from w4cli.writer import OutputTensor
@@ -71,15 +74,98 @@ def check_repackable(model: QuantModel) -> None:
             raise InputRefused(f"{layer.prefix}: w4-gemv: {why}; {DEQUANTIZE_STILL_WORKS}")
 
 
-def plan_tensors(model: QuantModel) -> list[OutputTensor]:
+def fused_groups(model: QuantModel, fusions: tuple[str, ...]) -> list[FusedGroup]:
+    """The linears each --fuse name joins, per parent module, refusing before anything is written
+    a group that is not whole (a part missing or not quantized), whose parts differ in K, group
+    size or bias, or one with a folded activation scale (its fold would then reach the other
+    parts' rows); and a name that matches nothing in the checkpoint."""
+    groups = []
+    for fusion in fusions:
+        fused_name, names = fuse.FUSIONS[fusion]
+        parents = [prefix.rpartition(".")[0] for prefix in model.layers if prefix.rpartition(".")[2] == names[0]]
+        if not parents:
+            raise fuse.refuse(f"{fusion}: the checkpoint has no quantized {names[0]} to fuse with {', '.join(names[1:])}")
+        for parent in parents:
+            parts = tuple(_child(parent, name) for name in names)
+            missing = next((part for part in parts if part not in model.layers), None)
+            if missing is not None:
+                raise fuse.refuse(f"{fusion}: {parts[0]} has no quantized {missing} to fuse with")
+            layers = [model.layers[part] for part in parts]
+            if len({(layer.in_features, layer.group_size) for layer in layers}) > 1:
+                raise fuse.refuse(f"{fusion}: {', '.join(parts)} differ in in_features or group size")
+            if len({layer.bias is None for layer in layers}) > 1:
+                raise fuse.refuse(f"{fusion}: some of {', '.join(parts)} have a bias and some do not")
+            scaled = next((layer.prefix for layer in layers if layer.weight in model.act_scales), None)
+            if scaled is not None:
+                raise fuse.refuse(f"{fusion}: {scaled} has an activation scale folded into it")
+            taken = _child(parent, fused_name)
+            if taken in model.layers or any(name.startswith(f"{taken}.") for name in model.checkpoint.tensors):
+                raise fuse.refuse(f"{fusion}: the checkpoint already has tensors named {taken}.*")
+            groups.append(fuse.FusedGroup(taken, parts))
+    return groups
+
+
+def _child(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if parent else name
+
+
+def _fused_layer(model: QuantModel, group: FusedGroup) -> dict[str, torch.Tensor]:
+    layers = [model.layers[part] for part in group.parts]
+    out = fuse.concat([w4_gemv_layer(model, layer, model.checkpoint.read(*layer.tensor_names)) for layer in layers])
+    if layers[0].bias:
+        out["bias"] = torch.cat([model.checkpoint.read_one(layer.bias) for layer in layers])
+    return out
+
+
+class _LastFused:
+    """One fused group's tensors, kept while they are written in a row."""
+
+    def __init__(self, model: QuantModel):
+        self.model = model
+        self.prefix: str | None = None
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def get(self, group: FusedGroup, suffix: str) -> torch.Tensor:
+        if self.prefix != group.prefix:
+            self.tensors = _fused_layer(self.model, group)
+            self.prefix = group.prefix
+        return self.tensors[suffix]
+
+
+def _fused_tensors(model: QuantModel, group: FusedGroup, cache: _LastFused) -> list[OutputTensor]:
+    layers = [model.layers[part] for part in group.parts]
+    first = layers[0]
+    n = sum(layer.out_features for layer in layers)
+    specs = dict(w4_gemv.tensor_specs(first.in_features, n, first.group_size))
+    specs[fuse.SPLIT_SUFFIX] = ((len(layers),), torch.int32)
+    if first.bias:
+        specs["bias"] = ((n,), DTYPES[model.checkpoint.tensors[first.bias].dtype])
+    names = [name for layer in layers for name in layer.tensor_names + ([layer.bias] if layer.bias else [])]
+    source_bytes = sum(model.checkpoint.tensors[name].nbytes for name in names)
+    return [
+        OutputTensor(f"{group.prefix}.{suffix}", shape, dtype, lambda suffix=suffix: cache.get(group, suffix),
+                     source_bytes if i == 0 else 0)
+        for i, (suffix, (shape, dtype)) in enumerate(specs.items())
+    ]
+
+
+def plan_tensors(model: QuantModel, groups: Sequence[FusedGroup] = ()) -> list[OutputTensor]:
+    """Every output tensor in checkpoint order; a fused group at the place of its first part."""
     checkpoint = model.checkpoint
     cache = _LastLayer(model)
+    fused_cache = _LastFused(model)
+    group_of = {part: group for group in groups for part in group.parts}
     tensors: list[OutputTensor] = []
     copied = set()
     for kind, name in model.order:
         if kind == "plain":
             tensors.append(_copied(model, name))
             copied.add(name)
+            continue
+        if name in group_of:
+            group = group_of[name]
+            if name == group.parts[0]:
+                tensors += _fused_tensors(model, group, fused_cache)
             continue
         layer = model.layers[name]
         source_bytes = sum(checkpoint.tensors[n].nbytes for n in layer.tensor_names)
@@ -106,14 +192,16 @@ def _copied(model: QuantModel, name: str) -> OutputTensor:
     return OutputTensor(name, info.shape, DTYPES[info.dtype], lambda: model.checkpoint.read_one(name), info.nbytes)
 
 
-def repacked_config(config: dict[str, Any], model: QuantModel) -> dict[str, Any]:
+def repacked_config(config: dict[str, Any], model: QuantModel, groups: Sequence[FusedGroup] = ()) -> dict[str, Any]:
     """config.json with the w4-gemv quantization_config. Its group_size is the source config's; for
     compressed-tensors, whose config groups may differ, the layers' (-1: one group each), or -1
-    when they differ: each layer's `meta` holds its own."""
+    when they differ: each layer's `meta` holds its own. Fused groups are named under "fused"."""
     group_size = model.scheme.group_size
     if model.scheme.ct is not None:
         sizes = {-1 if layer.group_size == layer.in_features else layer.group_size for layer in model.layers.values()}
         group_size = sizes.pop() if len(sizes) == 1 else -1
     out = dict(config)
     out["quantization_config"] = w4_gemv_config(model.scheme, group_size)
+    if groups:
+        out["quantization_config"]["fused"] = fuse.fused_config(groups)
     return out

@@ -26,7 +26,8 @@ from w4cli.dequantize import DTYPES, dense_config, reference, torch_dtype_name
 from w4cli.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
 from w4cli.layers import QuantModel
-from w4cli.repack import check_repackable, repacked_config
+from w4cli.fuse import fusions_in
+from w4cli.repack import check_repackable, fused_groups, repacked_config
 from w4cli.repack import plan_tensors as repack_plan
 from w4cli.source import aux_files, open_quantized
 from w4cli.console import steps
@@ -248,8 +249,10 @@ def run(report: Report, output_root: Path, source_snapshot: Snapshot, include_co
     if _is_repacked(output):
         report.target["output_kind"] = "repacked (w4-gemv)"
         check_repackable(source)  # SOURCE that `w4 repack` refuses is refused here too (exit 4)
-        plan = repack_plan(source)
-        run_check(report, "config.json", COMPARED["config.json"], _config(output, repacked_config(source.checkpoint.config, source), None), GROUP)
+        groups = fused_groups(source, fusions_in(output.config))  # repacked as OUTPUT says it was
+        plan = repack_plan(source, groups)
+        expected = repacked_config(source.checkpoint.config, source, groups)
+        run_check(report, "config.json", COMPARED["config.json"], _config(output, expected, None), GROUP)
         run_check(report, "tensor names", COMPARED["tensor names"], _names(output, plan), GROUP)
         with steps("w4 verify: repacked tensors", 2 * len(plan)) as advance:
             run_check(report, "repacked words", COMPARED["repacked words"], _tensors(output, plan, "a fresh repack", advance), GROUP)
