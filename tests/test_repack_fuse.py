@@ -71,7 +71,8 @@ def test_fused_repack_dequantizes_and_verifies_to_the_original_tensors(tmp_path,
         assert torch.equal(bits(got[name]), bits(want[name])), name
 
     report = tmp_path / "verify.json"
-    for args in ((tmp_path / "fused",), (tmp_path / "fused", "--against", src)):
+    checked = ((tmp_path / "fused",), (tmp_path / "fused", "--against", src), (tmp_path / "dense-fused", "--against", tmp_path / "fused"))
+    for args in checked:
         result = w4("verify", *args, "--json", report)
         assert result.exit_code == EXIT_OK, result.stdout + result.stderr
         rows = json.loads(report.read_text())["checks"]
