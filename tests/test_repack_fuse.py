@@ -91,6 +91,11 @@ def test_verify_against_catches_a_fused_part_that_changed(tmp_path, w4):
     assert result.exit_code != EXIT_OK and "gate_up_proj.scales" in result.stdout + result.stderr
 
 
+def bf16_bias(layer):
+    layer.bias = layer.bias.bfloat16()
+    return layer
+
+
 @pytest.mark.parametrize(
     ("model", "fuse", "message"),
     [
@@ -100,8 +105,10 @@ def test_verify_against_catches_a_fused_part_that_changed(tmp_path, w4):
          "gate_up", "some of m.gate_proj, m.up_proj have a bias"),
         (Checkpoint([random_layer("m.gate_proj", 64, 32, 32, 0), random_layer("m.up_proj", 96, 32, 32, 1)], group_size=32),
          "gate_up", "differ in in_features or group size"),
+        (Checkpoint([random_layer("m.gate_proj", 64, 32, 32, 0, bias=True), bf16_bias(random_layer("m.up_proj", 64, 32, 32, 1, bias=True))],
+                    group_size=32), "gate_up", "the biases of m.gate_proj, m.up_proj differ in dtype"),
     ],
-    ids=["part-missing", "nothing-to-fuse", "bias-on-one-part", "different-k"],
+    ids=["part-missing", "nothing-to-fuse", "bias-on-one-part", "different-k", "bias-dtypes"],
 )
 def test_groups_that_cannot_be_fused_are_refused_before_writing(tmp_path, w4, model, fuse, message):
     src = model.write(tmp_path / "src")

@@ -7,7 +7,7 @@ checkpoint). A symmetric format's implicit zero point (8) becomes explicit zeros
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,19 +41,18 @@ def w4_gemv_layer(model: QuantModel, layer: QuantLinear, t: dict[str, torch.Tens
         raise InputRefused(f"{layer.prefix}: {exc}") from None
 
 
-class _LastLayer:
-    """One linear's repacked tensors, kept while its four output tensors are written in a row, so
-    each layer is read and repacked once."""
+class _Kept:
+    """The tensors of the linear (or fused group) made last, kept while its output tensors are
+    written in a row, so each is read and repacked once."""
 
-    def __init__(self, model: QuantModel):
-        self.model = model
-        self.prefix: str | None = None
+    def __init__(self) -> None:
+        self.key: str | None = None
         self.tensors: dict[str, torch.Tensor] = {}
 
-    def get(self, layer: QuantLinear, suffix: str) -> torch.Tensor:
-        if self.prefix != layer.prefix:
-            self.tensors = w4_gemv_layer(self.model, layer, self.model.checkpoint.read(*layer.tensor_names))
-            self.prefix = layer.prefix
+    def get(self, key: str, make: Callable[[], dict[str, torch.Tensor]], suffix: str) -> torch.Tensor:
+        if self.key != key:
+            self.key, self.tensors = None, {}  # the old ones freed before the new ones are made
+            self.tensors, self.key = make(), key
         return self.tensors[suffix]
 
 
@@ -95,6 +94,8 @@ def fused_groups(model: QuantModel, fusions: tuple[str, ...]) -> list[FusedGroup
                 raise fuse.refuse(f"{fusion}: {', '.join(parts)} differ in in_features or group size")
             if len({layer.bias is None for layer in layers}) > 1:
                 raise fuse.refuse(f"{fusion}: some of {', '.join(parts)} have a bias and some do not")
+            if len({model.checkpoint.tensors[layer.bias].dtype for layer in layers if layer.bias}) > 1:
+                raise fuse.refuse(f"{fusion}: the biases of {', '.join(parts)} differ in dtype")
             scaled = next((layer.prefix for layer in layers if layer.weight in model.act_scales), None)
             if scaled is not None:
                 raise fuse.refuse(f"{fusion}: {scaled} has an activation scale folded into it")
@@ -105,34 +106,23 @@ def fused_groups(model: QuantModel, fusions: tuple[str, ...]) -> list[FusedGroup
     return groups
 
 
+def _repacked(model: QuantModel, layer: QuantLinear) -> dict[str, torch.Tensor]:
+    return w4_gemv_layer(model, layer, model.checkpoint.read(*layer.tensor_names))
+
+
 def _child(parent: str, name: str) -> str:
     return f"{parent}.{name}" if parent else name
 
 
 def _fused_layer(model: QuantModel, group: FusedGroup) -> dict[str, torch.Tensor]:
     layers = [model.layers[part] for part in group.parts]
-    out = fuse.concat([w4_gemv_layer(model, layer, model.checkpoint.read(*layer.tensor_names)) for layer in layers])
+    out = fuse.concat([_repacked(model, layer) for layer in layers])
     if layers[0].bias:
         out["bias"] = torch.cat([model.checkpoint.read_one(layer.bias) for layer in layers])
     return out
 
 
-class _LastFused:
-    """One fused group's tensors, kept while they are written in a row."""
-
-    def __init__(self, model: QuantModel):
-        self.model = model
-        self.prefix: str | None = None
-        self.tensors: dict[str, torch.Tensor] = {}
-
-    def get(self, group: FusedGroup, suffix: str) -> torch.Tensor:
-        if self.prefix != group.prefix:
-            self.tensors = _fused_layer(self.model, group)
-            self.prefix = group.prefix
-        return self.tensors[suffix]
-
-
-def _fused_tensors(model: QuantModel, group: FusedGroup, cache: _LastFused) -> list[OutputTensor]:
+def _fused_tensors(model: QuantModel, group: FusedGroup, kept: _Kept) -> list[OutputTensor]:
     layers = [model.layers[part] for part in group.parts]
     first = layers[0]
     n = sum(layer.out_features for layer in layers)
@@ -143,7 +133,8 @@ def _fused_tensors(model: QuantModel, group: FusedGroup, cache: _LastFused) -> l
     names = [name for layer in layers for name in layer.tensor_names + ([layer.bias] if layer.bias else [])]
     source_bytes = sum(model.checkpoint.tensors[name].nbytes for name in names)
     return [
-        OutputTensor(f"{group.prefix}.{suffix}", shape, dtype, lambda suffix=suffix: cache.get(group, suffix),
+        OutputTensor(f"{group.prefix}.{suffix}", shape, dtype,
+                     lambda suffix=suffix: kept.get(group.prefix, lambda: _fused_layer(model, group), suffix),
                      source_bytes if i == 0 else 0)
         for i, (suffix, (shape, dtype)) in enumerate(specs.items())
     ]
@@ -152,8 +143,7 @@ def _fused_tensors(model: QuantModel, group: FusedGroup, cache: _LastFused) -> l
 def plan_tensors(model: QuantModel, groups: Sequence[FusedGroup] = ()) -> list[OutputTensor]:
     """Every output tensor in checkpoint order; a fused group at the place of its first part."""
     checkpoint = model.checkpoint
-    cache = _LastLayer(model)
-    fused_cache = _LastFused(model)
+    kept = _Kept()
     group_of = {part: group for group in groups for part in group.parts}
     tensors: list[OutputTensor] = []
     copied = set()
@@ -165,7 +155,7 @@ def plan_tensors(model: QuantModel, groups: Sequence[FusedGroup] = ()) -> list[O
         if name in group_of:
             group = group_of[name]
             if name == group.parts[0]:
-                tensors += _fused_tensors(model, group, fused_cache)
+                tensors += _fused_tensors(model, group, kept)
             continue
         layer = model.layers[name]
         source_bytes = sum(checkpoint.tensors[n].nbytes for n in layer.tensor_names)
@@ -175,7 +165,7 @@ def plan_tensors(model: QuantModel, groups: Sequence[FusedGroup] = ()) -> list[O
                     name=f"{layer.prefix}.{suffix}",
                     shape=shape,
                     dtype=dtype,
-                    produce=lambda layer=layer, suffix=suffix: cache.get(layer, suffix),
+                    produce=lambda layer=layer, suffix=suffix: kept.get(layer.prefix, lambda: _repacked(model, layer), suffix),
                     source_bytes=source_bytes if i == 0 else 0,
                 )
             )
