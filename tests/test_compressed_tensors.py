@@ -13,19 +13,13 @@ from safetensors.torch import load_file, save_file
 
 from tests.awq_builder import install_hub_cache
 from tests.ct_builder import ct_checkpoint, ct_config, random_ct_layer, small_ct_model, weights_args
-from tests.test_dequantize_cli import load_output
+from tests.test_dequantize_cli import dequantized, load_output
 from tests.test_refusals import assert_refused, assert_refused_by_dequantize_and_verify, rewrite_tensors
 from w4cli.checks import raw_bits as bits
 from w4cli.errors import EXIT_FAILED
 
 UP = "model.layers.0.mlp.up_proj"
 FORMAT_ONLY = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-
-
-def dequantized(w4, src, out, *args):
-    result = w4("dequantize", src, out, "--device", "cpu", "--json", "-", *args)
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout), load_output(out)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,13 @@ def load_output(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def dequantized(w4, src, out, *args) -> tuple[dict, dict[str, torch.Tensor]]:
+    """`w4 dequantize SRC OUT --device cpu --json - ARGS`: its JSON summary and the tensors written."""
+    result = w4("dequantize", src, out, "--device", "cpu", "--json", "-", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout), load_output(out)
+
+
 def expected_fp16(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     out = {}
     for layer in ckpt.layers:

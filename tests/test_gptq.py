@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.awq_builder import install_hub_cache
 from tests.gptq_builder import gptq_checkpoint, gptqmodel_reference, random_gptq_layer, small_gptq_model
-from tests.test_dequantize_cli import load_output
+from tests.test_dequantize_cli import dequantized, load_output
 from tests.test_refusals import assert_refused, assert_refused_by_dequantize_and_verify, rewrite_tensors
 from w4cli.checks import raw_bits as bits
 from w4cli.errors import EXIT_FAILED
@@ -27,12 +27,6 @@ def reference(layer) -> torch.Tensor:
     t = layer.tensors()
     p = layer.prefix
     return gptqmodel_reference(t[f"{p}.qweight"], t[f"{p}.qzeros"], t[f"{p}.scales"], torch.from_numpy(layer.g_idx), layer.v1)
-
-
-def dequantized(w4, src, out, *args):
-    result = w4("dequantize", src, out, "--device", "cpu", "--json", "-", *args)
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout), load_output(out)
 
 
 @pytest.mark.parametrize(
