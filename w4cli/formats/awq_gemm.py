@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from w4cli.contract import PACK
+from w4cli.formats.packed import AWQ, PackedLinear
 from w4cli.formats.unpacked import UnpackedLinear
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
@@ -96,10 +97,16 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return (diff.to(torch.float32) * scales.to(torch.float32).view(groups, 1, n)).view(k, n)
 
 
+# qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> qweight as it is, zeros and scales [N, K/G]
+def packed_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> PackedLinear:
+    n = qweight.shape[1] * PACK
+    return PackedLinear(qweight, AWQ, (n, qweight.shape[0]), unpack(qzeros).t().contiguous(), scales.t().contiguous())
+
+
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> the codes, zeros and scales
 def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> UnpackedLinear:
-    # transpose the one-byte codes rather than the 2- or 4-byte results
-    return UnpackedLinear(unpack(qweight).t().contiguous(), unpack(qzeros).t(), scales.t())
+    # the codes transposed as one-byte codes rather than as the 2- or 4-byte results (PackedLinear.codes)
+    return packed_linear(qweight, qzeros, scales).unpack()
 
 
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype

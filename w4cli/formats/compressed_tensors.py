@@ -22,6 +22,7 @@ import torch
 from w4cli.contract import PACK
 from w4cli.ct_config import WeightArgs
 from w4cli.errors import InputRefused
+from w4cli.formats.packed import K_IN_ROWS, PackedLinear
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
 
 REQUIRED = ("weight_packed", "weight_scale", "weight_shape")
@@ -94,6 +95,25 @@ def unpack_zero_point(weight_zero_point: torch.Tensor, n: int) -> torch.Tensor:
     return nibbles(weight_zero_point).permute(0, 2, 1).reshape(words * PACK, groups)[:n]
 
 
+def packed_linear(
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_zero_point: torch.Tensor | None,
+    weight_g_idx: torch.Tensor | None,
+    weight_shape: tuple[int, int],
+    args: WeightArgs,
+) -> PackedLinear:
+    """One pack-quantized linear with its weights still packed, zeros and scales as [N, K/G]. A
+    weight_g_idx that is the plain grouping k // G is dropped (contiguous groups)."""
+    k, n, g = validate(weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape, args)
+    if weight_zero_point is None:
+        zeros = torch.full((n, k // g), SYMMETRIC_ZERO, dtype=torch.uint8)
+    else:
+        zeros = unpack_zero_point(weight_zero_point, n).contiguous()
+    g_idx = None if weight_g_idx is None or identity_groups(weight_g_idx, g) else weight_g_idx.to(torch.int64)
+    return PackedLinear(weight_packed, K_IN_ROWS, (n, k), zeros, weight_scale.contiguous(), g_idx)
+
+
 def unpack_linear(
     weight_packed: torch.Tensor,
     weight_scale: torch.Tensor,
@@ -102,12 +122,5 @@ def unpack_linear(
     weight_shape: tuple[int, int],
     args: WeightArgs,
 ) -> UnpackedLinear:
-    """One pack-quantized linear as codes, zeros and scales (w4cli/formats/unpacked.py). A
-    weight_g_idx that is the plain grouping k // G is dropped (contiguous groups)."""
-    k, n, g = validate(weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape, args)
-    if weight_zero_point is None:
-        zeros = torch.full((n, k // g), SYMMETRIC_ZERO, dtype=torch.uint8)
-    else:
-        zeros = unpack_zero_point(weight_zero_point, n)
-    g_idx = None if weight_g_idx is None or identity_groups(weight_g_idx, g) else weight_g_idx.to(torch.int64)
-    return UnpackedLinear(unpack_weight(weight_packed, k), zeros, weight_scale, g_idx)
+    """One pack-quantized linear as codes, zeros and scales (w4cli/formats/unpacked.py)."""
+    return packed_linear(weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape, args).unpack()

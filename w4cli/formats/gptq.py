@@ -19,6 +19,7 @@ import torch
 
 from w4cli.contract import PACK
 from w4cli.errors import InputRefused
+from w4cli.formats.packed import K_IN_COLUMNS, PackedLinear
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
 
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
@@ -93,6 +94,21 @@ def unpack_qzeros(qzeros: torch.Tensor, v1: bool) -> torch.Tensor:
     return nibbles(words).view(words.shape[0], -1).t()
 
 
+def packed_linear(
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    g_idx: torch.Tensor | None,
+    group_size: int,
+    v1: bool,
+) -> PackedLinear:
+    """One GPTQ linear with its weights still packed, zeros and scales as [N, K/G]. A g_idx that is
+    the plain grouping k // G is dropped, so the layer has contiguous groups."""
+    k, n, g = validate(qweight, qzeros, scales, g_idx, group_size)
+    groups = None if g_idx is None or identity_groups(g_idx, g) else g_idx.to(torch.int64)
+    return PackedLinear(qweight, K_IN_COLUMNS, (n, k), unpack_qzeros(qzeros, v1).contiguous(), scales.t().contiguous(), groups)
+
+
 def unpack_linear(
     qweight: torch.Tensor,
     qzeros: torch.Tensor,
@@ -101,8 +117,5 @@ def unpack_linear(
     group_size: int,
     v1: bool,
 ) -> UnpackedLinear:
-    """One GPTQ linear as codes, zeros and scales (w4cli/formats/unpacked.py). A g_idx that is the
-    plain grouping k // G is dropped, so the layer has contiguous groups."""
-    k, _, g = validate(qweight, qzeros, scales, g_idx, group_size)
-    groups = None if g_idx is None or identity_groups(g_idx, g) else g_idx.to(torch.int64)
-    return UnpackedLinear(unpack_qweight(qweight), unpack_qzeros(qzeros, v1), scales.t(), groups)
+    """One GPTQ linear as codes, zeros and scales (w4cli/formats/unpacked.py)."""
+    return packed_linear(qweight, qzeros, scales, g_idx, group_size, v1).unpack()

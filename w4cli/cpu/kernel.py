@@ -1,0 +1,124 @@
+"""The CPU dequantization kernel (kernels/cpu/dequant_w4_cpu.cpp): built on first use, loaded, called.
+
+`w4 dequantize` on a CPU runs it; where it cannot be built (no C++ compiler, no Python headers, no
+ninja) `dequantizer()` says so in one line and hands back the pure-torch reference, which gives
+the same bits, slower. The build goes through torch.utils.cpp_extension.load, like the CUDA
+kernels' (w4cli/kernels.py, whose cache root and build lock it shares), into
+
+    $XDG_CACHE_HOME/w4/kernels/cpu-<key>   (default ~/.cache/w4/kernels/cpu-<key>)
+
+where <key> hashes the source, torch's and Python's versions, the machine and the compiler named
+by $CXX, so a changed source or toolchain gets a fresh build, and later runs load it in about a
+second. The kernel uses torch's intra-op threads: torch.set_num_threads limits it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from w4cli.errors import EnvironmentUnavailable
+from w4cli.formats.packed import PackedLinear
+
+SOURCE = Path(__file__).resolve().parent.parent.parent / "kernels" / "cpu" / "dequant_w4_cpu.cpp"
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_module: Any = None
+
+
+def cache_key() -> str:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, sys.version, platform.machine(), os.environ.get("CXX", "c++")):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:20]
+
+
+def _ninja_on_path() -> None:
+    """torch runs `ninja` by name; the pip package's binary sits in the venv's bin/, which is on
+    PATH only in an activated venv."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def load() -> Any:
+    """Build (first time, about 30 s) or load (cached) the module; EnvironmentUnavailable if impossible."""
+    global _module
+    if _module is not None:
+        return _module
+    from torch.utils import cpp_extension
+
+    from w4cli.kernels import _BuildLock, cache_root, remove_stale_torch_lock
+
+    _ninja_on_path()
+    if not cpp_extension.is_ninja_available():
+        raise EnvironmentUnavailable("ninja not found (torch's JIT build needs it: pip install ninja)")
+    key = cache_key()
+    name = f"w4_cpu_{key}"
+    build_dir = cache_root() / f"cpu-{key}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _BuildLock(cache_root() / f"cpu-{key}.lock"):
+        remove_stale_torch_lock(build_dir)
+        try:
+            if any(build_dir.glob(f"{name}*.so")):
+                module = _jit_load(name, build_dir)
+            else:
+                from w4cli.console import stderr as console
+
+                with console.status(f"Building w4's CPU kernel (first run, about 30 s) in {build_dir}", spinner="dots"):
+                    module = _jit_load(name, build_dir)
+        except Exception as exc:  # noqa: BLE001 - any build failure is an environment problem
+            log = build_dir / "build.log"
+            try:
+                log.write_text(f"{type(exc).__name__}: {exc}\n")
+            except OSError:
+                log = Path("<unwritable>")
+            raise EnvironmentUnavailable(f"building w4's CPU kernel failed; compiler log: {log}") from exc
+    _module = module
+    return module
+
+
+def _jit_load(name: str, build_dir: Path) -> Any:
+    from torch.utils import cpp_extension
+
+    # -O3 and no fast-math: the outputs are table lookups of exactly rounded values (the source says why)
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(build_dir),
+                              extra_cflags=["-O3"], verbose=False)
+
+
+# layer: one PackedLinear -> [N, K] in dtype, bit-identical to layer.unpack().dequantize(dtype)
+def dequantize(layer: PackedLinear, dtype: torch.dtype, simd: bool = True) -> torch.Tensor:
+    """The kernel on one linear; simd False takes the portable scalar loop even where AVX2 exists
+    (the tests compare both). Raises EnvironmentUnavailable where the kernel cannot be built."""
+    if dtype not in OUT_DTYPES:
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    n, k = layer.shape
+    g_idx = layer.g_idx if layer.g_idx is not None else torch.empty(0, dtype=torch.int64)
+    return load().dequantize_w4(layer.words.contiguous(), layer.layout, n, k, layer.zeros.contiguous(),
+                                layer.scales.contiguous(), g_idx.contiguous(), dtype, simd)
+
+
+def reference(layer: PackedLinear, dtype: torch.dtype) -> torch.Tensor:
+    """The definition: the pure-torch dequantization every format shares."""
+    return layer.unpack().dequantize(dtype)
+
+
+def dequantizer(announce: Callable[[str], None]) -> Callable[[PackedLinear, torch.dtype], torch.Tensor]:
+    """The kernel where it can be built here, else the reference, with one line to `announce` why."""
+    try:
+        load()
+    except EnvironmentUnavailable as exc:
+        announce(f"note: {exc}; dequantizing with the slower torch reference (the same bits)")
+        return reference
+    return dequantize
