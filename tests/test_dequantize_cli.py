@@ -237,7 +237,7 @@ def test_cpu_fallback_is_announced_without_a_gpu(tmp_path, w4):
     src = small_model().write(tmp_path / "src")
     result = w4("dequantize", src, tmp_path / "out")
     assert result.exit_code == 0
-    assert "CPU reference" in result.stderr
+    assert "dequantizing on the CPU" in result.stderr
     cuda = w4("dequantize", src, tmp_path / "out2", "--device", "cuda")
     assert cuda.exit_code == 3
     assert len(cuda.stderr.strip().splitlines()) == 1

@@ -118,7 +118,7 @@ def test_a_directory_that_appears_at_out_during_the_run_is_never_replaced(tmp_pa
 
     src = small_model().write(tmp_path / "src")
     out = tmp_path / "out"
-    real = dequantize.cpu_dequantizer
+    real = dequantize.layer_weight
 
     def someone_creates_out(*args):
         # another program creates OUT and writes a file there while w4 converts
@@ -127,7 +127,7 @@ def test_a_directory_that_appears_at_out_during_the_run_is_never_replaced(tmp_pa
             (out / "notes.txt").write_text("mine")
         return real(*args)
 
-    monkeypatch.setattr(dequantize, "cpu_dequantizer", someone_creates_out)
+    monkeypatch.setattr(dequantize, "layer_weight", someone_creates_out)
     result = w4("dequantize", src, out, "--device", "cpu", *(["--force"] if force else []))
     assert result.exit_code == EXIT_FAILED, result.stderr
     assert error_lines(result.stderr) == result.stderr.strip().splitlines()[-1:]

@@ -205,7 +205,7 @@ def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypat
     import w4cli.output_dir as output_dir
 
     src = small_model().write(tmp_path / "src")
-    real = dequantize.cpu_dequantizer
+    real = dequantize.layer_weight
     written_before_interrupt = []
 
     def dequantize_then_interrupt(*args):
@@ -216,7 +216,7 @@ def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypat
         written_before_interrupt.extend(tmp_path.glob(f"out{output_dir.TEMP_MARK}*/model-*.safetensors"))
         return out
 
-    monkeypatch.setattr(dequantize, "cpu_dequantizer", dequantize_then_interrupt)
+    monkeypatch.setattr(dequantize, "layer_weight", dequantize_then_interrupt)
     result = w4("dequantize", src, tmp_path / "out", "--max-shard-size", "2KB", "--device", "cpu")
     assert written_before_interrupt, "the interruption must come after a shard file was started"
     assert result.exit_code == EXIT_INTERRUPTED

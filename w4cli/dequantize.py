@@ -17,7 +17,7 @@ from w4cli.checkpoint import FLOAT_CODES
 from w4cli.contract import OUT_DTYPES, PACK
 from w4cli.errors import EnvironmentUnavailable, InputRefused
 from w4cli.formats import awq_gemm, compressed_tensors, gptq, w4_gemv
-from w4cli.formats.unpacked import UnpackedLinear
+from w4cli.formats.packed import PackedLinear
 from w4cli.layers import QuantLinear, QuantModel
 from w4cli.quant_config import AWQ_GEMM, GPTQ, W4_GEMV, QuantScheme
 from w4cli.writer import OutputTensor
@@ -27,23 +27,26 @@ DTYPES = {name: getattr(torch, name) for name in OUT_DTYPES}  # what --dtype nam
 # (qweight [K, N/8] int32, qzeros [K/G, N/8] int32, scales [K/G, N], dtype) -> [N, K] dtype on the CPU;
 # dtype float32 must be the exact product (q - z) * s
 AwqDequantizer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+# (one linear still packed, dtype) -> [N, K] dtype on the CPU, the same contract
+PackedDequantizer = Callable[[PackedLinear, torch.dtype], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Dequantizer:
-    """Where linears are dequantized: "cpu" (the pure-torch reference) or "cuda" (w4's kernel,
-    which takes the AWQ gemm layout)."""
+    """Where linears are dequantized: "cpu" (w4's CPU kernel, or the pure-torch reference where it
+    cannot be built or is asked for) or "cuda" (w4's kernel, which takes the AWQ gemm layout)."""
 
     device: str
     awq: AwqDequantizer
+    cpu: PackedDequantizer  # the CPU's path, also the GPU's for layers the AWQ layout cannot express
 
-    def unpacked(self, layer: UnpackedLinear, dtype: torch.dtype) -> torch.Tensor:
+    def packed(self, layer: PackedLinear, dtype: torch.dtype) -> torch.Tensor:
         """A GPTQ or compressed-tensors linear. The GPU takes it in the AWQ layout, the same weights
         losslessly; a permuting g_idx (act-order) or N not a multiple of 8 has no AWQ form, so those
-        layers run on the CPU reference, bit-identical either way."""
+        layers run on the CPU, bit-identical either way."""
         if self.device == "cpu" or layer.g_idx is not None or layer.shape[0] % PACK:
-            return layer.dequantize(dtype)
-        return self.awq(*layer.to_awq(), dtype)
+            return self.cpu(layer, dtype)
+        return self.awq(*layer.unpack().to_awq(), dtype)
 
 
 def cpu_dequantizer(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -71,23 +74,38 @@ def _cuda_dequantizer(kernels) -> AwqDequantizer:
 
 
 def reference() -> Dequantizer:
-    """The CPU reference: deterministic, the oracle the kernel is checked against."""
-    return Dequantizer("cpu", cpu_dequantizer)
+    """The CPU reference: deterministic, the oracle the kernels are checked against."""
+    from w4cli.cpu import kernel
+
+    return Dequantizer("cpu", cpu_dequantizer, kernel.reference)
+
+
+def _cpu_kernel() -> Dequantizer:
+    """w4's CPU kernel, built on first use; where it cannot be built, the reference, said in one line."""
+    from w4cli.cpu import kernel
+
+    packed = kernel.dequantizer(console.note)
+
+    def awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return packed(awq_gemm.packed_linear(qweight, qzeros, scales), dtype)
+
+    return Dequantizer("cpu", awq, packed)
 
 
 def select_dequantizer(device: str) -> tuple[str, Dequantizer]:
-    """The GPU kernel when asked for or when auto finds it usable; the CPU reference otherwise."""
+    """The GPU kernel when asked for or when auto finds it usable; the CPU kernel otherwise."""
     if device == "cpu":
-        return "cpu", reference()
+        return "cpu", _cpu_kernel()
     from w4cli import kernels
 
     usable, reason = kernels.probe()
     if usable:
-        return "cuda", Dequantizer("cuda", _cuda_dequantizer(kernels))
+        # act-order layers stay on the CPU (Dequantizer.packed): the reference, not worth a CPU build here
+        return "cuda", Dequantizer("cuda", _cuda_dequantizer(kernels), reference().cpu)
     if device == "cuda":
         raise EnvironmentUnavailable(reason)
-    console.note(f"note: {reason}; dequantizing with the CPU reference (--device cpu silences this)")
-    return "cpu", reference()
+    console.note(f"note: {reason}; dequantizing on the CPU (--device cpu silences this)")
+    return "cpu", _cpu_kernel()
 
 
 def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -100,16 +118,16 @@ def fold_act_scales(weight: torch.Tensor, act_scales: torch.Tensor, dtype: torch
     return (weight.to(torch.float64) / act_scales.to(torch.float64).view(1, -1)).to(dtype)
 
 
-def unpack_layer(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor]) -> UnpackedLinear:
-    """A GPTQ or compressed-tensors linear's codes, zeros and scales, from its tensors `t`."""
+def packed_layer(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor]) -> PackedLinear:
+    """A GPTQ or compressed-tensors linear's words, zeros and scales, from its tensors `t`."""
     optional = {suffix: t.get(layer.tensor(suffix)) for suffix in layer.optional}
     if layer.layout == GPTQ:
         assert scheme.gptq is not None
-        return gptq.unpack_linear(
+        return gptq.packed_linear(
             t[layer.qweight], t[layer.qzeros], t[layer.scales], optional.get("g_idx"), layer.group_size, scheme.gptq.v1
         )
     assert scheme.ct is not None
-    return compressed_tensors.unpack_linear(
+    return compressed_tensors.packed_linear(
         t[layer.tensor("weight_packed")],
         t[layer.scales],
         optional.get("weight_zero_point"),
@@ -128,19 +146,19 @@ def awq_tensors(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tens
     if layer.layout == W4_GEMV:
         awq = w4_gemv.to_awq(*(t[layer.tensor(suffix)] for suffix in w4_gemv.TENSOR_NAMES))
         return awq["qweight"], awq["qzeros"], awq["scales"]
-    unpacked = unpack_layer(scheme, layer, t)
-    if unpacked.g_idx is not None:
+    packed = packed_layer(scheme, layer, t)
+    if packed.g_idx is not None:
         raise InputRefused(f"{layer.prefix}: its g_idx permutes the groups (act-order), which the AWQ layout the kernels take cannot express")
     if layer.out_features % PACK:
         raise InputRefused(f"{layer.prefix}: out_features {layer.out_features} is not a multiple of {PACK}, which the AWQ layout the kernels take needs")
-    return unpacked.to_awq()
+    return packed.unpack().to_awq()
 
 
 def layer_weight(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor], dtype: torch.dtype, dequantizer: Dequantizer) -> torch.Tensor:
     """[N, K] in dtype from one linear's tensors `t`, whatever its layout."""
     if layer.layout in (AWQ_GEMM, W4_GEMV):
         return dequantizer.awq(*awq_tensors(scheme, layer, t), dtype)
-    return dequantizer.unpacked(unpack_layer(scheme, layer, t), dtype)
+    return dequantizer.packed(packed_layer(scheme, layer, t), dtype)
 
 
 def _layer_tensor(model: QuantModel, layer: QuantLinear, dtype: torch.dtype, dequantizer: Dequantizer) -> OutputTensor:

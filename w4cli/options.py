@@ -115,6 +115,11 @@ DtypeOpt = Annotated[
         "auto for GPTQ and compressed-tensors.",
     ),
 ]
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option("--threads", min=1, show_default=False,
+                 help="CPU threads that dequantize (default: every core w4 may run on)."),
+]
 DeviceOpt = Annotated[
-    Device, typer.Option("--device", help="auto: w4's CUDA kernel when a GPU is usable, else the CPU reference.")
+    Device, typer.Option("--device", help="auto: w4's CUDA kernel when a GPU is usable, else w4's CPU kernel.")
 ]

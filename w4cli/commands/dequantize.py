@@ -18,6 +18,7 @@ from w4cli.options import (
     ModelArg,
     OutputDirArg,
     RevisionOpt,
+    ThreadsOpt,
     TokenOpt,
 )
 
@@ -36,6 +37,7 @@ def dequantize(
     output_dir: OutputDirArg,
     dtype: DtypeOpt = None,
     device: DeviceOpt = Device.auto,
+    threads: ThreadsOpt = None,
     max_shard_size: MaxShardSizeOpt = "5GB",
     revision: RevisionOpt = None,
     token: TokenOpt = None,
@@ -48,6 +50,7 @@ def dequantize(
 
     Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype; in the scales' dtype (--dtype auto, the default for GPTQ and compressed-tensors; float16 for AWQ) it is bit-identical to the format's own library. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
+    from w4cli.cpu.kernel import set_threads
     from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
     from w4cli.source import files_to_copy, open_for_conversion
     from w4cli.writer import parse_size, write_checkpoint
@@ -55,6 +58,7 @@ def dequantize(
     shard_bytes = parse_size(max_shard_size)
     awq, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)
     dtype_name, dtype_from = choose_dtype(dtype.value if dtype is not None else None, awq)
+    cpu_threads = set_threads(threads)
     backend, dequantizer = select_dequantizer(device.value)
     console.record(quantized_layers=len(awq.layers), dtype=dtype_name, device=backend)
     tensors = plan_tensors(awq, DTYPES[dtype_name], dequantizer)
@@ -72,6 +76,7 @@ def dequantize(
         "dtype": dtype_name,
         "dtype_from": dtype_from,
         "device": backend,
+        **({"threads": cpu_threads} if backend == "cpu" else {}),
         "layers_dequantized": len(awq.layers),
         "tensors_copied": len(tensors) - len(awq.layers),
         **report.fields(),

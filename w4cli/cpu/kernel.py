@@ -33,6 +33,15 @@ OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _module: Any = None
 
 
+def set_threads(requested: int | None) -> int:
+    """torch's intra-op threads, which the kernel (and the reference) run on: `requested`, or every
+    core this process may run on (its affinity mask, so taskset and container CPU sets count)."""
+    if requested is None:
+        requested = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(requested)
+    return requested
+
+
 def cache_key() -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (torch.__version__, sys.version, platform.machine(), os.environ.get("CXX", "c++")):
