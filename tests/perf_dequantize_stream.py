@@ -4,12 +4,15 @@ of the formats w4 reads: AWQ gemm (the default), GPTQ (v1, asymmetric, g_idx k /
 scales) or compressed-tensors (pack-quantized, symmetric W4A16, bf16 scales).
 
     make bench-stream            # or: python tests/perf_dequantize_stream.py [WORKDIR] [--device cuda]
-                                 #     [--format awq|gptq|compressed-tensors]
+                                 #     [--format awq|gptq|compressed-tensors] [--threads N]
+                                 #     [--baseline CHECKOUT]
 
 Builds the ~3.9 GB input once per format (kept in WORKDIR, default w4-stream in the temp
 directory; needs ~35 GB free), then runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and
-reports its peak RSS (that child's own, from wait4) and MB/s written, beside the time a plain `cp`
-of the output takes (the disk's pace).
+reports its peak RSS (that child's own, from wait4) and MB/s written, beside the time a plain
+`cp -r` of the output takes right after (the disk's pace) and the ratio of the two. --baseline
+runs another checkout's w4 (its w4cli first on the path) the same way just before, so a change is
+measured back to back against what it replaces.
 """
 
 from __future__ import annotations
@@ -126,29 +129,20 @@ def build(root: Path, fmt: str = "awq") -> None:
     (root / "config.json").write_text(json.dumps(config))
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--build"]:
-        build(Path(sys.argv[2]), sys.argv[3])
-        return
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workdir", nargs="?", default=str(Path(tempfile.gettempdir()) / "w4-stream"))
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--format", choices=sorted(LINEAR_BUILDERS), default="awq")
-    options = parser.parse_args()
-    device, work = options.device, Path(options.workdir)
-    src, out, copy = work / f"{options.format}-7b", work / "dense", work / "dense-copy"
-    # built in a child, so the tensors it generates never inflate this process
-    subprocess.run([sys.executable, __file__, "--build", str(src), options.format], check=True)
+def run(src: Path, work: Path, device: str, threads: int | None, checkout: Path | None, label: str) -> None:
+    """One `w4 dequantize` of src in a child process, then `cp -r` of its output; prints both."""
+    out, copy = work / "dense", work / "dense-copy"
     for path in (out, copy):
         shutil.rmtree(path, ignore_errors=True)
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")])
+    # `python -m` puts the working directory first on the path: the checkout's own, else the work dir
+    command = [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json", "-"]
+    command += ["--threads", str(threads)] if threads else []
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "w4cli", "dequantize", str(src), str(out), "--max-shard-size", "500MB", "--device", device, "--json", "-"],
-            stdout=stdout, stderr=stderr, text=True,
-        )
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env, cwd=checkout or Path.cwd())
         # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would also count the build child)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -165,11 +159,36 @@ def main() -> None:
     cp_seconds = time.perf_counter() - start
     shutil.rmtree(copy, ignore_errors=True)
     written = summary["bytes_out"] / 1e6
-    print(f"input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in {sum(f.endswith('.safetensors') for f in summary['files'])} shards")
-    print(f"{options.format} -> {summary['dtype']}")
-    print(f"w4 dequantize --device {device}: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
-    print(f"  of which reading {summary['read_seconds']:.1f} s, compute {summary['compute_seconds']:.1f} s, writing {summary['write_seconds']:.1f} s: bound by {summary['bound_by']}")
-    print(f"cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s")
+    print(f"[{label}] input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in "
+          f"{sum(f.endswith('.safetensors') for f in summary['files'])} shards, {summary['dtype']}, threads {summary.get('threads', '-')}")
+    print(f"[{label}] w4 dequantize --device {device}: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
+    print(f"[{label}]   of which reading {summary['read_seconds']:.1f} s, compute {summary['compute_seconds']:.1f} s, "
+          f"writing {summary['write_seconds']:.1f} s: bound by {summary['bound_by']}")
+    print(f"[{label}] cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s; "
+          f"w4 took {seconds / cp_seconds:.2f}x the cp -r", flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--build"]:
+        build(Path(sys.argv[2]), sys.argv[3])
+        return
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", nargs="?", default=str(Path(tempfile.gettempdir()) / "w4-stream"))
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--format", choices=sorted(LINEAR_BUILDERS), default="awq")
+    parser.add_argument("--threads", type=int, help="w4 dequantize --threads (default: w4's, every core)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of w4 to run first, the same way (before/after)")
+    options = parser.parse_args()
+    work = Path(options.workdir)
+    src = work / f"{options.format}-7b"
+    # built in a child, so the tensors it generates never inflate this process
+    subprocess.run([sys.executable, __file__, "--build", str(src), options.format], check=True)
+    print(f"{options.format} -> {options.device}")
+    if options.baseline is not None:
+        run(src, work, options.device, options.threads, options.baseline.resolve(), "baseline")
+    run(src, work, options.device, options.threads, None, "this checkout")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@
 // overflow. The products are exact (|q - z| <= 15 has 4 bits, a 16-bit scale at most 11), so no
 // fused multiply-add or reordering can change them; the build still uses no fast-math flags.
 //
-// Work: the rows are split in blocks of kRows among torch's intra-op threads (at::parallel_for, so
+// Work: blocks of kRows rows are handed out one at a time to torch's intra-op threads (at::parallel_for, so
 // torch.set_num_threads and `w4 dequantize --threads` limit it). Each block walks K in tiles of
 // kTile: stage 1 unpacks the tile's codes, one byte per weight in k order, into a per-thread buffer
 // (kRows x kTile = 32 KiB, L1-resident) from whichever layout the words are in; stage 2 looks each
@@ -29,14 +29,13 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <utility>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -304,23 +303,62 @@ void run_blocks(const Job& job, int64_t first, int64_t last, bool simd) {
   }
 }
 
-// The output tensor. A fresh multi-MB allocation is new pages, so writing it costs a page fault per
-// 4 KiB (with the kernel zeroing each page): on a 117 MB layer that doubled the time of a plain copy.
-// Large outputs ask for transparent huge pages instead, one fault per 2 MiB.
-at::Tensor empty_output(int64_t n, int64_t k, at::ScalarType dtype) {
-  const auto options = at::TensorOptions().dtype(dtype);
-#ifdef __linux__
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t bytes = static_cast<size_t>(n) * k * c10::elementSize(dtype);
-  if (bytes >= 2 * kHuge) {
-    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-    void* data = std::aligned_alloc(kHuge, rounded);
-    TORCH_CHECK(data != nullptr, "out of memory allocating " + std::to_string(rounded) + " bytes");
-    madvise(data, rounded, MADV_HUGEPAGE);  // advice only: without THP it is ordinary pages
-    return at::from_blob(data, {n, k}, [](void* p) { std::free(p); }, options);
+// Output memory, recycled. A fresh allocation of tens of MB is new pages from the kernel: a fault
+// and a zeroed page per 4 KiB, and a TLB shootdown on every thread when it is unmapped, which cost
+// as much as the dequantization itself (a fresh [14336, 4096] fp16 tensor takes 47 ms to fill on
+// this class of machine, 17 ms when reused). `w4 dequantize` frees each output once the writer has
+// written it, so a few buffers go round: up to kKeptBuffers idle ones are kept for the next
+// outputs (the smallest that fits is taken), the rest go back to the system.
+class BufferPool {
+ public:
+  at::Tensor take(int64_t n, int64_t k, at::ScalarType dtype) {
+    const size_t bytes = static_cast<size_t>(n) * k * c10::elementSize(dtype);
+    void* data = nullptr;
+    size_t capacity = 0;
+    {
+      std::lock_guard<std::mutex> hold(mutex_);
+      auto best = idle_.end();
+      for (auto it = idle_.begin(); it != idle_.end(); ++it)
+        if (it->second >= bytes && (best == idle_.end() || it->second < best->second)) best = it;
+      if (best != idle_.end()) {
+        data = best->first, capacity = best->second;
+        idle_.erase(best);
+      }
+    }
+    if (data == nullptr) {
+      capacity = (bytes + 63) / 64 * 64;
+      data = std::aligned_alloc(64, capacity);
+      TORCH_CHECK(data != nullptr, "out of memory allocating " + std::to_string(capacity) + " bytes");
+    }
+    return at::from_blob(data, {n, k}, [this, capacity](void* p) { give_back(p, capacity); },
+                         at::TensorOptions().dtype(dtype));
   }
-#endif
-  return at::empty({n, k}, options);
+
+ private:
+  static constexpr size_t kKeptBuffers = 2;
+
+  void give_back(void* data, size_t capacity) {
+    void* drop = nullptr;
+    {
+      std::lock_guard<std::mutex> hold(mutex_);
+      idle_.emplace_back(data, capacity);
+      if (idle_.size() > kKeptBuffers) {  // the smallest goes: the large ones fit every later output
+        auto smallest = std::min_element(idle_.begin(), idle_.end(),
+                                         [](const auto& a, const auto& b) { return a.second < b.second; });
+        drop = smallest->first;
+        idle_.erase(smallest);
+      }
+    }
+    std::free(drop);
+  }
+
+  std::mutex mutex_;
+  std::vector<std::pair<void*, size_t>> idle_;
+};
+
+BufferPool& output_buffers() {
+  static BufferPool* pool = new BufferPool();  // never destroyed: tensors may outlive static destruction
+  return *pool;
 }
 
 std::string shape(const at::Tensor& t) {
@@ -366,7 +404,7 @@ at::Tensor dequantize_w4(const at::Tensor& words, int64_t layout, int64_t n, int
   }
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat,
               std::string("the output dtype must be float16, bfloat16 or float32, got ") + c10::toString(dtype));
-  at::Tensor out = empty_output(n, k, dtype);
+  at::Tensor out = output_buffers().take(n, k, dtype);
   const Job job{words.data_ptr<int32_t>(), static_cast<Layout>(layout), n, k, groups, gathered ? 0 : k / groups,
                 zeros.data_ptr<uint8_t>(), scales.data_ptr(), scales.scalar_type() == at::kBFloat16,
                 gathered ? g_idx.data_ptr<int64_t>() : nullptr,
@@ -375,8 +413,14 @@ at::Tensor dequantize_w4(const at::Tensor& words, int64_t layout, int64_t n, int
   {
     // the writer thread writes the previous tensor meanwhile: it needs the GIL only between writes
     pybind11::gil_scoped_release no_gil;
-    at::parallel_for(0, (n + kRows - 1) / kRows, 1,
-                     [&](int64_t first, int64_t last) { run_blocks(job, first, last, use_simd); });
+    // Blocks are handed out one at a time rather than split in equal shares up front: the writer
+    // thread (and anything else on the machine) takes cores away unevenly, and an equal share
+    // would make the whole layer wait for the thread that got the least CPU.
+    const int64_t blocks = (n + kRows - 1) / kRows;
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min<int64_t>(blocks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+      for (int64_t block = next++; block < blocks; block = next++) run_blocks(job, block, block + 1, use_simd);
+    });
   }
   return out;
 }
