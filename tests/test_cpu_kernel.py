@@ -120,7 +120,8 @@ def test_the_same_bits_on_one_two_and_all_threads():
 
 
 def test_each_format_through_its_own_entry_gives_its_reference():
-    """From the checkpoint's own tensors: the formats' packed_linear against their unpack_linear."""
+    """From the checkpoint's own tensors (v1 and v2 zero points, symmetric groups, act-order): each
+    format's packed_linear, then the kernel against the reference."""
     gen = torch.Generator().manual_seed(5)
     k, n, g = 256, 48, 64
     s16 = scales(k // g, n, torch.float16, gen)
@@ -131,13 +132,13 @@ def test_each_format_through_its_own_entry_gives_its_reference():
     for v1 in (True, False):
         for idx in (None, g_idx):
             args = (words((k // 8, n), gen), words((k // g, n // 8), gen), s16, idx, g, v1)
-            want = gptq.unpack_linear(*args).dequantize(torch.bfloat16)
+            want = gptq.packed_linear(*args).unpack().dequantize(torch.bfloat16)
             assert same_bits(kernel.dequantize(gptq.packed_linear(*args), torch.bfloat16), want)
     for symmetric in (True, False):
         wargs = WeightArgs(symmetric=symmetric, strategy="group", group_size=g)
         point = None if symmetric else words((n // 8, k // g), gen)
         args = (words((n, k // 8), gen), scales(n, k // g, torch.bfloat16, gen), point, None, (n, k), wargs)
-        want = compressed_tensors.unpack_linear(*args).dequantize(torch.bfloat16)
+        want = compressed_tensors.packed_linear(*args).unpack().dequantize(torch.bfloat16)
         assert same_bits(kernel.dequantize(compressed_tensors.packed_linear(*args), torch.bfloat16), want)
 
 

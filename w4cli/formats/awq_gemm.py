@@ -20,7 +20,6 @@ import torch
 
 from w4cli.contract import PACK
 from w4cli.formats.packed import AWQ, PackedLinear
-from w4cli.formats.unpacked import UnpackedLinear
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -103,12 +102,6 @@ def packed_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Ten
     return PackedLinear(qweight, AWQ, (n, qweight.shape[0]), unpack(qzeros).t().contiguous(), scales.t().contiguous())
 
 
-# qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> the codes, zeros and scales
-def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> UnpackedLinear:
-    # the codes transposed as one-byte codes rather than as the 2- or 4-byte results (PackedLinear.codes)
-    return packed_linear(qweight, qzeros, scales).unpack()
-
-
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype
 def dequantize(
     qweight: torch.Tensor,
@@ -119,4 +112,4 @@ def dequantize(
 ) -> torch.Tensor:
     if not transpose:
         return dequantize_exact(qweight, qzeros, scales).to(dtype)
-    return unpack_linear(qweight, qzeros, scales).dequantize(dtype)
+    return packed_linear(qweight, qzeros, scales).unpack().dequantize(dtype)

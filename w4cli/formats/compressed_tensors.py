@@ -23,7 +23,7 @@ from w4cli.contract import PACK
 from w4cli.ct_config import WeightArgs
 from w4cli.errors import InputRefused
 from w4cli.formats.packed import K_IN_ROWS, PackedLinear
-from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
+from w4cli.formats.unpacked import identity_groups, nibbles
 
 REQUIRED = ("weight_packed", "weight_scale", "weight_shape")
 OPTIONAL = ("weight_zero_point", "weight_g_idx")
@@ -113,14 +113,3 @@ def packed_linear(
     g_idx = None if weight_g_idx is None or identity_groups(weight_g_idx, g) else weight_g_idx.to(torch.int64)
     return PackedLinear(weight_packed, K_IN_ROWS, (n, k), zeros, weight_scale.contiguous(), g_idx)
 
-
-def unpack_linear(
-    weight_packed: torch.Tensor,
-    weight_scale: torch.Tensor,
-    weight_zero_point: torch.Tensor | None,
-    weight_g_idx: torch.Tensor | None,
-    weight_shape: tuple[int, int],
-    args: WeightArgs,
-) -> UnpackedLinear:
-    """One pack-quantized linear as codes, zeros and scales (w4cli/formats/unpacked.py)."""
-    return packed_linear(weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape, args).unpack()

@@ -20,7 +20,7 @@ import torch
 from w4cli.contract import PACK
 from w4cli.errors import InputRefused
 from w4cli.formats.packed import K_IN_COLUMNS, PackedLinear
-from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
+from w4cli.formats.unpacked import identity_groups, nibbles
 
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
 V1_ZERO_OFFSET = 0x11111111  # what v1 subtracts from each qzeros word
@@ -108,14 +108,3 @@ def packed_linear(
     groups = None if g_idx is None or identity_groups(g_idx, g) else g_idx.to(torch.int64)
     return PackedLinear(qweight, K_IN_COLUMNS, (n, k), unpack_qzeros(qzeros, v1).contiguous(), scales.t().contiguous(), groups)
 
-
-def unpack_linear(
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    g_idx: torch.Tensor | None,
-    group_size: int,
-    v1: bool,
-) -> UnpackedLinear:
-    """One GPTQ linear as codes, zeros and scales (w4cli/formats/unpacked.py)."""
-    return packed_linear(qweight, qzeros, scales, g_idx, group_size, v1).unpack()

@@ -36,6 +36,7 @@ class PackedLinear:
         from w4cli.formats import awq_gemm, compressed_tensors, gptq
 
         if self.layout == AWQ:
+            # transposed as one-byte codes rather than as the 2- or 4-byte results
             return awq_gemm.unpack(self.words).t().contiguous()
         if self.layout == K_IN_COLUMNS:
             return gptq.unpack_qweight(self.words)

@@ -1,7 +1,8 @@
 """One linear's int4 weights once unpacked from its layout: the dequantization every format shares.
 
-Each format module (awq_gemm, gptq, compressed_tensors) unpacks its tensors into an UnpackedLinear
-(K = in_features, N = out_features, G = group size):
+Each format module (awq_gemm, gptq, compressed_tensors) reads its tensors into a PackedLinear
+(formats/packed.py), which unpacks into an UnpackedLinear (K = in_features, N = out_features,
+G = group size):
 
     codes   [N, K]       uint8    0..15, nn.Linear orientation
     zeros   [N, K/G]     uint8    0..15, the zero point of each channel and group
