@@ -41,15 +41,22 @@ def layers(k: int, n: int, group: int) -> dict[str, PackedLinear]:
     return {"AWQ": awq, "GPTQ": gq, "compressed-tensors": ct}
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (and the first-touch cost of the allocator's pages is part of every real call)
+def seconds(fn, repeats: int) -> tuple[float, float]:
+    """(median, min) over `repeats` calls after one warm-up; each output is freed before the next
+    call, as `w4 dequantize` frees each once written."""
+    fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - start)
         del out
-    return statistics.median(times)
+    return statistics.median(times), min(times)
+
+
+def row(label: str, fmt: str, dtype: str, threads: int, times: tuple[float, float], out_bytes: int) -> str:
+    median, best = times
+    return f"| {label} | {fmt} | {dtype} | {threads} | {median * 1e3:.1f} ({best * 1e3:.1f}) | {out_bytes / median / 1e9:.2f} |"
 
 
 def main() -> None:
@@ -66,12 +73,11 @@ def main() -> None:
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {k}x{n} G={a.group}")
     out_bytes = k * n * 2
     src = torch.empty(k * n, dtype=torch.float16).fill_(1.0)
-    print("\n| path | format | out | threads | median ms | GB/s |")
+    print("\n| path | format | out | threads | median (min) ms | GB/s at the median |")
     print("|---|---|---|---|---|---|")
     for threads in sorted({1, all_threads}):
         torch.set_num_threads(threads)
-        s = median_seconds(lambda: src.clone(), a.repeats)
-        print(f"| plain copy (clone) | | | {threads} | {s * 1e3:.1f} | {out_bytes / s / 1e9:.2f} |", flush=True)
+        print(row("plain copy (clone)", "", "", threads, seconds(lambda: src.clone(), a.repeats), out_bytes), flush=True)
     for fmt, layer in layers(k, n, a.group).items():
         for dtype in (torch.float16,) if a.quick else (torch.float16, torch.bfloat16):
             name = str(dtype).removeprefix("torch.")
@@ -83,12 +89,12 @@ def main() -> None:
             for threads in sorted({1, all_threads}):
                 torch.set_num_threads(threads)
                 paths = [("kernel AVX2", lambda: kernel.dequantize(layer, dtype)),
-                         ("kernel scalar", lambda: kernel.dequantize(layer, dtype, simd=False))]
+                         ("kernel, scalar lookups", lambda: kernel.dequantize(layer, dtype, simd=False))]
                 if not a.quick:
                     paths.append(("torch reference", lambda: kernel.reference(layer, dtype)))
                 for label, fn in paths:
-                    s = median_seconds(fn, a.repeats if "reference" not in label else max(1, a.repeats // 2))
-                    print(f"| {label} | {fmt} | {name} | {threads} | {s * 1e3:.1f} | {out_bytes / s / 1e9:.2f} |", flush=True)
+                    times = seconds(fn, a.repeats if "reference" not in label else max(1, a.repeats // 2))
+                    print(row(label, fmt, name, threads, times, out_bytes), flush=True)
         if a.quick:
             break
 
