@@ -36,7 +36,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--splits", default="1,2,3,4,6,8")
     ap.add_argument("--tiles", default="1,2,4")
-    ap.add_argument("--kernels", default="1,2", help="1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128)")
+    ap.add_argument("--kernels", default="1,2", help="1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128), "
+                    "3 = warp-specialised wgmma (sm_90a, any M; --tiles are its variants 1..5)")
     args = ap.parse_args()
     kernels.load()
     copy = timing.copy_bandwidth()
@@ -57,7 +58,7 @@ def main() -> int:
                 continue
             best = None
             for kernel in (int(v) for v in args.kernels.split(",")):
-                if kernel == 1 and m > 64:
+                if (kernel == 1 and m > 64) or (kernel == 2 and m > 128):
                     continue
                 for tiles in (int(v) for v in args.tiles.split(",")):
                     for splits in [0] + [int(v) for v in args.splits.split(",")]:

@@ -274,6 +274,7 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   // wgmma exists on sm_90a only, which w4cli/kernels.py builds for every compute capability 9.0
   const bool hopper = major == 9 && minor == 0;
   if (kernel == 2) return hopper ? plan_gemm_w4a16_wgmma(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
+  if (kernel == 3) return hopper ? plan_gemm_w4a16_ws(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
   if (kernel != 1) return cudaErrorInvalidValue;
   if (tiles == 0 && shapes_ok(M, K, N, G)) tiles = default_tiles(M, N, sms);
   Variant v;
@@ -291,7 +292,9 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
   plan->tiles = tiles;
-  plan->wgmma = false;
+  plan->m_tiles = 1;
+  plan->kernel = 1;
+  plan->x_rows = 0;
   plan->x_cols = 0;
   return cudaSuccess;
 }
@@ -300,12 +303,15 @@ cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* 
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, cudaStream_t stream) {
-  if (plan.wgmma)
+  if (plan.kernel == 3)
+    return launch_gemm_w4a16_ws(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G, plan,
+                                stream);
+  if (plan.kernel == 2)
     return launch_gemm_w4a16_wgmma(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G,
                                    plan, stream);
   Variant v;
   if (!shapes_ok(M, K, N, G) || !pick_variant(M, K, G, plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
+      plan.kernel != 1 || plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;
   BatchArgs a = batch_args(x, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
   a.kb_per_split = plan.kb_per_split;

@@ -46,10 +46,10 @@ from w4cli.contract import (
     SMALL_LAYER,
     TINY_LAYER,
     TINY_LAYER_DEQUANT_M,
-    WGMMA_CHUNKED_MAX_M,
-    WGMMA_CHUNKED_MIN_LAYER,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
+    WS_MAX_M,
+    WS_MIN_M,
 )
 from w4cli.errors import EnvironmentUnavailable
 
@@ -289,10 +289,11 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     SMALL_LAYER weights, where the batch kernel's fixed latency costs more than a second read of
     the weight), "batch" (the mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16
     where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
-    "batch xC" / "wgmma xC" (C launches of at most 64 / 128 rows, each reading the weight), or
+    "wgmma ws" (the warp-specialised wgmma kernel, any M from WS_MIN_M on compute capability 9.0,
+    one launch), "batch xC" (C launches of at most 64 rows, each reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
-    the wgmma kernel (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
+    the wgmma kernels (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
     on the H100 (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
@@ -302,12 +303,10 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
         return "gemv x2"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
+    if wgmma and WS_MIN_M <= m <= WS_MAX_M:
+        return "wgmma ws"
     if wgmma and m >= WGMMA_MIN_M:
-        if m <= WGMMA_MAX_M:
-            return "wgmma"
-        if m <= WGMMA_CHUNKED_MAX_M and k * n >= WGMMA_CHUNKED_MIN_LAYER:
-            return f"wgmma x{-(-m // WGMMA_MAX_M)}"
-        return "dequant+cuBLAS"
+        return "wgmma"
     if m <= BATCH_MAX_M:
         return "batch"
     if m <= BATCH_CHUNKED_MAX_M:
@@ -356,7 +355,7 @@ def gemv(
     if path.startswith(("batch", "wgmma")):
         if scales.data_ptr() % 16:
             scales = scales.clone()  # the batch kernels copy scales 16 bytes at a time
-        kernel, rows = (2, WGMMA_MAX_M) if path.startswith("wgmma") else (1, BATCH_MAX_M)
+        kernel, rows = {"wgmma ws": (3, x.shape[0]), "wgmma": (2, WGMMA_MAX_M)}.get(path, (1, BATCH_MAX_M))
         if x.shape[0] <= rows:
             return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0, kernel)
         return torch.cat([mod.gemm_w4_batch(x[i : i + rows].contiguous(), qweight, qzeros, scales, bias, 0, 0, kernel)
@@ -382,8 +381,10 @@ def _gemv_splits(x: torch.Tensor, *, splits: int, **layer: torch.Tensor | None) 
 
 def _batch(x: torch.Tensor, *, splits: int = 0, tiles: int = 0, kernel: int = 1,
            **layer: torch.Tensor | None) -> torch.Tensor:
-    """One batch kernel alone (kernel 1 = mma.sync, M <= 64; 2 = wgmma, M <= 128 on compute
-    capability 9.0) with its split-K count and row tiles fixed (0 = chosen as `gemv` does).
+    """One batch kernel alone (kernel 1 = mma.sync, M <= 64; 2 = wgmma, M <= 128; 3 = the
+    warp-specialised wgmma, any M; 2 and 3 on compute capability 9.0) with its split-K count and
+    tiling fixed (0 = chosen as `gemv` does; for kernel 3, `tiles` is the variant 1..5 of
+    kernels/gemm_w4a16_wgmma.cu's pick_ws_variant: tokens per tile and m64 tiles per warpgroup).
     Not for users: the tests fix them to cover every kernel, reduction and tile edge, and
     dev/bench_batch.py sweeps them."""
     return load().gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"),

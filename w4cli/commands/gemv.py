@@ -161,7 +161,7 @@ def gemv(
                                                   metavar="MODEL", parser=not_empty)] = None,
     layer: Annotated[Optional[list[str]], typer.Option("--layer", help="Layer prefix or glob (repeatable); default: every quantized layer.")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="KxN of a random layer instead of MODEL (repeatable).")] = None,
-    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M. The kernel follows M, the layer and the GPU: up to {contract.GEMV_MAX_M} the GEMV, then a batch kernel (one read of the weight; up to {contract.WGMMA_MAX_M} rows per launch on Hopper, {contract.BATCH_MAX_M} elsewhere), beyond {contract.WGMMA_CHUNKED_MAX_M} (Hopper) or {contract.BATCH_CHUNKED_MAX_M} rows dequantize + cuBLAS; the table's kernel column names it.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M. The kernel follows M, the layer and the GPU: up to {contract.GEMV_MAX_M} the GEMV, then a batch kernel (one read of the weight; on Hopper any M in one launch, elsewhere {contract.BATCH_MAX_M} rows per launch and dequantize + cuBLAS beyond {contract.BATCH_CHUNKED_MAX_M}); the table's kernel column names it.")] = 1,
     group: Annotated[int, typer.Option("--group", help="Group size for --shape (-1: one group).")] = 128,
     seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for activations and random weights.")] = 0,
     time_it: Annotated[bool, typer.Option("--time/--no-time", help="Time each layer that passes.")] = True,
