@@ -185,7 +185,7 @@ def test_duplicate_tensor_name_in_a_header_is_refused(tmp_path, w4):
 
 def test_tensor_data_read_back_at_its_own_offsets(tmp_path, w4):
     """Positioned reads: every tensor of a multi-tensor shard comes back with its own bytes."""
-    from w4cli.checkpoint import open_checkpoint
+    from w4cli.read.checkpoint import open_checkpoint
 
     ckpt = small_model()
     src = ckpt.write(tmp_path / "src")

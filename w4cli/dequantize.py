@@ -12,15 +12,15 @@ from typing import Any
 import torch
 
 from w4cli import console
-from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
-from w4cli.checkpoint import FLOAT_CODES
-from w4cli.contract import OUT_DTYPES, PACK
+from w4cli.read.checkpoint import DTYPES as SAFETENSORS_DTYPES
+from w4cli.read.checkpoint import FLOAT_CODES
+from w4cli.gpu.contract import OUT_DTYPES, PACK
 from w4cli.errors import EnvironmentUnavailable, InputRefused
 from w4cli.formats import awq_gemm, compressed_tensors, gptq, w4_gemv
 from w4cli.formats.unpacked import UnpackedLinear
-from w4cli.layers import QuantLinear, QuantModel
-from w4cli.quant_config import AWQ_GEMM, GPTQ, W4_GEMV, QuantScheme
-from w4cli.writer import OutputTensor
+from w4cli.read.layers import QuantLinear, QuantModel
+from w4cli.read.quant_config import AWQ_GEMM, GPTQ, W4_GEMV, QuantScheme
+from w4cli.write.writer import OutputTensor
 
 DTYPES = {name: getattr(torch, name) for name in OUT_DTYPES}  # what --dtype names, as torch dtypes
 
@@ -79,7 +79,7 @@ def select_dequantizer(device: str) -> tuple[str, Dequantizer]:
     """The GPU kernel when asked for or when auto finds it usable; the CPU reference otherwise."""
     if device == "cpu":
         return "cpu", reference()
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     usable, reason = kernels.probe()
     if usable:
@@ -182,7 +182,7 @@ def _plain_tensor(model: QuantModel, name: str, dtype: torch.dtype) -> OutputTen
 
 
 class _LastFused:
-    """A fused linear's whole weight or bias (w4cli/fuse.py), kept while its parts are written in a
+    """A fused linear's whole weight or bias (w4cli/formats/fuse.py), kept while its parts are written in a
     row, so it is read and dequantized once."""
 
     def __init__(self) -> None:

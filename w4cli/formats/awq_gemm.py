@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from w4cli.contract import PACK
+from w4cli.gpu.contract import PACK
 from w4cli.formats.unpacked import UnpackedLinear
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from w4cli.contract import PACK
-from w4cli.ct_config import WeightArgs
+from w4cli.gpu.contract import PACK
+from w4cli.read.ct_config import WeightArgs
 from w4cli.errors import InputRefused
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
 

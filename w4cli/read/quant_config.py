@@ -6,7 +6,7 @@ w4 reads, from `quantization_config` in config.json (or a legacy file beside it)
   "version": "GEMM"});
 - GPTQ: quant_method "gptq", 4 bits, checkpoint_format "gptq" (v1) or "gptq_v2", sym and desc_act
   either way, any group size; legacy `quantize_config.json`;
-- compressed-tensors "pack-quantized" with int 4-bit weights (w4cli/ct_config.py);
+- compressed-tensors "pack-quantized" with int 4-bit weights (w4cli/read/ct_config.py);
 - its own repacked checkpoints (quant_method "w4", format "w4-gemv").
 Everything else is refused with a line naming what was found (see docs/formats.md for the layouts).
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from w4cli.checkpoint import read_json
-from w4cli.ct_config import CtConfig, parse_ct_config
+from w4cli.read.checkpoint import read_json
+from w4cli.read.ct_config import CtConfig, parse_ct_config
 from w4cli.errors import InputRefused
 
 LEGACY_AWQ_CONFIG = "quant_config.json"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import typer
 
-from w4cli import hub
-from w4cli.checkpoint import Checkpoint, open_checkpoint, read_json
-from w4cli.layers import QuantModel, check_values, find_layers
-from w4cli.output_dir import OutputDirectory, check_output_dir
-from w4cli.quant_config import parse_scheme, read_quantization_config
+from w4cli.read import hub
+from w4cli.read.checkpoint import Checkpoint, open_checkpoint, read_json
+from w4cli.read.layers import QuantModel, check_values, find_layers
+from w4cli.write.output_dir import OutputDirectory, check_output_dir
+from w4cli.read.quant_config import parse_scheme, read_quantization_config
 
 # files a conversion never copies: weights and index are rewritten, config is rewritten, and the
 # legacy quantization configs describe weights that are no longer there
@@ -61,8 +61,8 @@ def open_for_conversion(
     download (refusals, the lock, the temporary sibling), resolve MODEL, refuse an OUTPUT_DIR
     inside the snapshot, open and validate. OUTPUT_DIR stays claimed until the command `ctx`
     runs ends, whatever ends it: the context releases its resources then. Also returns where the
-    output comes from (w4cli/provenance.py), for its shards' metadata and the summary."""
-    from w4cli import provenance
+    output comes from (w4cli/write/provenance.py), for its shards' metadata and the summary."""
+    from w4cli.write import provenance
 
     check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [])
     output = ctx.with_resource(OutputDirectory(output_dir, force))
@@ -79,7 +79,7 @@ def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:
     import os
     from fnmatch import fnmatch
 
-    from w4cli.safe_files import open_regular
+    from w4cli.read.safe_files import open_regular
 
     patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
     names = []

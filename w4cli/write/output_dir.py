@@ -26,16 +26,16 @@ from contextlib import contextmanager
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from w4cli import signals
+from w4cli.write import signals
 from w4cli.errors import InputRefused, Interrupted, OutputFailed, W4Error
-from w4cli.hub import CHECKPOINT_PATTERNS, CODE_PATTERNS
-from w4cli.rename import exchange, rename_noreplace
+from w4cli.read.hub import CHECKPOINT_PATTERNS, CODE_PATTERNS
+from w4cli.write.rename import exchange, rename_noreplace
 
 TEMP_MARK = ".w4tmp-"
 LOCK = "lock"
 # what --force may delete: the files a conversion reads, writes or copies (the model card and
 # licence files among them); *.py files too when the directory's shards record that w4 wrote it
-# with --include-code (w4cli/provenance.py), else a *.py may be someone's work
+# with --include-code (w4cli/write/provenance.py), else a *.py may be someone's work
 CHECKPOINT_FILES = CHECKPOINT_PATTERNS
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 SHOWN = 5  # names a refusal lists
@@ -102,7 +102,7 @@ def files_not_in_a_checkpoint(path: Path) -> list[str]:
 
 
 def _written_with_code(path: Path) -> bool:
-    from w4cli import provenance
+    from w4cli.write import provenance
 
     return provenance.made_with_code(provenance.read(path))
 
