@@ -43,7 +43,7 @@ class Dequantizer:
         layers run on the CPU reference, bit-identical either way."""
         if self.device == "cpu" or layer.g_idx is not None or layer.shape[0] % PACK:
             return layer.dequantize(dtype)
-        return self.awq(*layer.to_awq(), dtype)
+        return self.awq(*awq_gemm.pack_linear(layer), dtype)
 
 
 def cpu_dequantizer(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -133,7 +133,7 @@ def awq_tensors(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tens
         raise InputRefused(f"{layer.prefix}: its g_idx permutes the groups (act-order), which the AWQ layout the kernels take cannot express")
     if layer.out_features % PACK:
         raise InputRefused(f"{layer.prefix}: out_features {layer.out_features} is not a multiple of {PACK}, which the AWQ layout the kernels take needs")
-    return unpacked.to_awq()
+    return awq_gemm.pack_linear(unpacked)
 
 
 def layer_weight(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor], dtype: torch.dtype, dequantizer: Dequantizer) -> torch.Tensor:

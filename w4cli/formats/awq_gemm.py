@@ -102,6 +102,15 @@ def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Ten
     return UnpackedLinear(unpack(qweight).t().contiguous(), unpack(qzeros).t(), scales.t())
 
 
+def pack_linear(layer: UnpackedLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]) in this layout, the one the kernels
+    and w4-gemv take: the same weights, losslessly. Only for contiguous groups (g_idx None) and N a
+    multiple of 8; callers check both (repack refuses, dequantize falls back)."""
+    if layer.g_idx is not None:
+        raise ValueError("a permuting g_idx has no AWQ gemm form")
+    return pack(layer.codes.t()), pack(layer.zeros.t()), layer.scales.t().contiguous()
+
+
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype
 def dequantize(
     qweight: torch.Tensor,
