@@ -79,7 +79,7 @@ def bench(
     model_shapes = None
     todo: list[shapes.Shape] = []
     if model is not None:
-        from w4cli.read.checkpoint import read_json
+        from w4cli.read.safe_files import read_json
 
         snapshot = hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=hub.CONFIG_PATTERNS)
         model_shapes = shapes.from_config(read_json(snapshot.path / "config.json"), model)

@@ -10,20 +10,15 @@ from pathlib import Path
 import typer
 
 from w4cli.read import hub
-from w4cli.read.checkpoint import Checkpoint, open_checkpoint, read_json
+from w4cli.read.checkpoint import Checkpoint, open_checkpoint
 from w4cli.read.layers import QuantModel, check_values, find_layers
+from w4cli.read.quant_config import read_scheme
+from w4cli.read.safe_files import read_json
 from w4cli.write.output_dir import OutputDirectory, check_output_dir
-from w4cli.read.quant_config import parse_scheme, read_quantization_config
 
 # files a conversion never copies: weights and index are rewritten, config is rewritten, and the
 # legacy quantization configs describe weights that are no longer there
 NOT_COPIED = {"config.json", "model.safetensors.index.json", "quant_config.json", "quantize_config.json"}
-
-
-def _check_config_file(path: Path) -> None:
-    config = read_json(path)
-    qc, source = read_quantization_config(path.parent, config)
-    parse_scheme(qc, source)
 
 
 def resolve(
@@ -32,17 +27,20 @@ def resolve(
     # the legacy quant_config.json sits beside config.json, so the early check only runs when
     # config.json itself declares the quantization
     def early_check(path: Path) -> None:
-        if "quantization_config" in read_json(path):
-            _check_config_file(path)
+        config = read_json(path)
+        if "quantization_config" in config:
+            read_scheme(path.parent, config)
 
     patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
     return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=patterns, check_config=early_check)
 
 
 def open_quantized(root: Path) -> QuantModel:
+    """The one way a quantized checkpoint is read: its files and index (checkpoint.py), the scheme
+    its config declares (quant_config.py), its quantized linears with every shape checked against
+    the scheme, then every value check (layers.py). InputRefused (exit 4) at the first problem."""
     checkpoint = open_checkpoint(root)
-    qc, source = read_quantization_config(root, checkpoint.config)
-    model = find_layers(checkpoint, parse_scheme(qc, source))
+    model = find_layers(checkpoint, read_scheme(root, checkpoint.config))
     check_values(model)
     return model
 

@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 
 from w4cli.gpu.checks import Mismatch, gemv_errors, require_identical
-from w4cli.read.checkpoint import CONFIG, Checkpoint, open_checkpoint, read_json
+from w4cli.read.checkpoint import CONFIG, Checkpoint, open_checkpoint
 from w4cli.gpu.contract import CHECKED_BATCHES, checked_batches_text
 from w4cli.dequantize import awq_tensors, cpu_dequantizer
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
 from w4cli.read.layers import QuantModel, check_group_maps, check_padding, check_scales, check_unquantized, check_zero_points, find_layers
-from w4cli.read.quant_config import COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
+from w4cli.read.quant_config import COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme, read_scheme
+from w4cli.read.safe_files import read_json
 from w4cli.repack import w4_gemv_layer
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
@@ -33,9 +34,7 @@ GROUP = "integrity"
 
 def open_scheme(root: Path) -> QuantScheme:
     """The quantization the checkpoint declares; InputRefused (exit 4) if it is not one w4 reads."""
-    config = read_json(root / CONFIG)
-    qc, source = read_quantization_config(root, config)
-    return parse_scheme(qc, source)
+    return read_scheme(root, read_json(root / CONFIG))
 
 
 def _files(root: Path, found: dict) -> Callable[[], str]:
