@@ -1,5 +1,6 @@
-"""w4cli's layout: the import graph of its modules has no cycle, and the top of the package stays
-small (everything else lives in the package of its pipeline stage: read/, formats/, write/, gpu/).
+"""w4cli's layout: the import graph of its modules has no cycle, the reading side does not reach
+into the writing side, and the top of the package stays small (everything else lives in the
+package of its pipeline stage: read/, formats/, write/, gpu/).
 
 Every import counts, the ones inside functions and under TYPE_CHECKING too: an import deferred to
 dodge a cycle is still a cycle in the design."""
@@ -87,6 +88,19 @@ def test_w4cli_imports_have_no_cycle():
     graph = {name: imported(name, path, modules) for name, path in modules.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_reading_side_needs_nothing_of_the_writing_side():
+    """read/ hands a checked model to whatever comes next; claiming an output belongs to write/."""
+    modules = w4cli_modules()
+    reaching = {
+        (name, target)
+        for name, path in modules.items()
+        if name.startswith("w4cli.read")
+        for target in imported(name, path, modules)
+        if target.startswith("w4cli.write")
+    }
+    assert not reaching, sorted(reaching)
 
 
 def test_few_modules_loose_at_the_top():

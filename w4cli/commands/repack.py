@@ -43,7 +43,8 @@ def repack(
     """
     from w4cli.formats.fuse import parse_fuse
     from w4cli.repack import check_repackable, fused_groups, plan_tensors, repacked_config
-    from w4cli.read.source import files_to_copy, open_for_conversion
+    from w4cli.read.source import files_to_copy
+    from w4cli.write.output_dir import open_for_conversion
     from w4cli.write.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)

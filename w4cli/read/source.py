@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
 from w4cli.read import hub
 from w4cli.read.checkpoint import Checkpoint, open_checkpoint
 from w4cli.read.layers import QuantModel, check_values, find_layers
 from w4cli.read.quant_config import read_scheme
 from w4cli.read.safe_files import read_json
-from w4cli.write.output_dir import OutputDirectory, check_output_dir
 
 # files a conversion never copies: weights and index are rewritten, config is rewritten, and the
 # legacy quantization configs describe weights that are no longer there
@@ -43,30 +40,6 @@ def open_quantized(root: Path) -> QuantModel:
     model = find_layers(checkpoint, read_scheme(root, checkpoint.config))
     check_values(model)
     return model
-
-
-def open_for_conversion(
-    ctx: typer.Context,
-    model: str,
-    output_dir: Path,
-    force: bool,
-    revision: str | None,
-    token: str | None,
-    cache_dir: Path | None,
-    include_code: bool = False,
-) -> tuple[QuantModel, OutputDirectory, dict[str, str]]:
-    """The front half of every command that writes a checkpoint: claim OUTPUT_DIR before any
-    download (refusals, the lock, the temporary sibling), resolve MODEL, refuse an OUTPUT_DIR
-    inside the snapshot, open and validate. OUTPUT_DIR stays claimed until the command `ctx`
-    runs ends, whatever ends it: the context releases its resources then. Also returns where the
-    output comes from (w4cli/write/provenance.py), for its shards' metadata and the summary."""
-    from w4cli.write import provenance
-
-    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [])
-    output = ctx.with_resource(OutputDirectory(output_dir, force))
-    snapshot = resolve(model, revision, token, cache_dir, include_code)
-    check_output_dir(output_dir, [snapshot.path])
-    return open_quantized(snapshot.path), output, provenance.record(ctx, snapshot)
 
 
 def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:
