@@ -1,5 +1,5 @@
 """Sweep the batch kernels' settings (kernel, row tiles, split-K count) against fp16 cuBLAS,
-the GEMV at M = 8 and the automatic choice, in one run, with w4cli/timing.py (the bench's method).
+the GEMV at M = 8 and the automatic choice, in one run, with w4cli/gpu/timing.py (the bench's method).
 
     PYTHONPATH=. python3 dev/bench_batch.py [--m 16,32,64] [--shapes 8192x28672,...] [--splits 1,2,4,8] [--kernels 1,2]
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from w4cli import kernels, timing
+from w4cli.gpu import kernels, timing
 from w4cli.bench import cases
 
 SHAPES = "8192x8192,8192x28672,28672x8192,4096x14336,14336x4096"

@@ -10,7 +10,7 @@ OUT="${OUT:-$PWD/ws_out}"
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import time, w4cli.kernels as k; t=time.time(); k.load(); print(f'built in {time.time()-t:.0f}s')" 2>&1 | tail -30 || exit 1
+python3 -c "import time, w4cli.gpu.kernels as k; t=time.time(); k.load(); print(f'built in {time.time()-t:.0f}s')" 2>&1 | tail -30 || exit 1
 timeout 240 python3 -m pytest -q -m gpu tests/test_batch_gpu.py tests/test_kernel_loader.py -p no:cacheprovider -x 2>&1 | tee "$OUT/tests.txt" | tail -15
 tests_rc=${PIPESTATUS[0]}
 for tool in memcheck racecheck; do

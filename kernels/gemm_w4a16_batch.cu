@@ -7,7 +7,7 @@
 // exact q - z, bit-identical to w4cli.formats.w4_gemv.dequantize; the tensor cores add the exact
 // products W16 * x in fp32; a k-split's partial sums are added in split order in fp32; bias in fp32;
 // one rounding to fp16. The pure-torch oracle is w4_gemv.gemv_reference (fp32 sums of W16 * x), and
-// the difference is the fp32 summation order only: w4cli/checks.py's bound (its 4 K 2^-24 |x|@|W|
+// the difference is the fp32 summation order only: w4cli/gpu/checks.py's bound (its 4 K 2^-24 |x|@|W|
 // term is the order-independent bound of an fp32 sum of K products) holds it. Exact data (x in
 // {-1, 0, 1}, power-of-two scales) gives the reference bit for bit.
 //
@@ -44,7 +44,7 @@
 // plan_gemm_w4a16_batch: NT = 2 unless that leaves SMs idle (M > 16 and N < 0.8 x 256 x SMs), S by
 // a model of the bytes through the busiest SM.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
-//   1 <= M <= 64 (w4cli.kernels.gemv sends it 9..64; 9..16 on Hopper, where the wgmma kernel
+//   1 <= M <= 64 (w4cli.gpu.kernels.gemv sends it 9..64; 9..16 on Hopper, where the wgmma kernel
 //   takes more rows), N % 8 == 0, K % 8 == 0, K % G == 0,
 //   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32
 //   and counters [ceil(N / R)] int32 (zero) when S > 1.
@@ -271,7 +271,7 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  // wgmma exists on sm_90a only, which w4cli/kernels.py builds for every compute capability 9.0
+  // wgmma exists on sm_90a only, which w4cli/gpu/kernels.py builds for every compute capability 9.0
   const bool hopper = major == 9 && minor == 0;
   if (kernel == 2) return hopper ? plan_gemm_w4a16_wgmma(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
   if (kernel == 3) return hopper ? plan_gemm_w4a16_ws(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;

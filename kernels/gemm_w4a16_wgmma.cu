@@ -4,7 +4,7 @@
 //
 // Numerics: the batch kernel's per-weight path, W16[n, k] = fp16((q - z) * s) (one mul.rn.f16x2
 // from the exact q - z), fp32 accumulation in the tensor cores, split partials added in split
-// order, bias in fp32, one rounding; gemm_w4a16_batch.cu's header derives why w4cli/checks.py's
+// order, bias in fp32, one rounding; gemm_w4a16_batch.cu's header derives why w4cli/gpu/checks.py's
 // bound holds it, and exact data (x in {-1, 0, 1}, power-of-two scales) gives the reference bit
 // for bit.
 //

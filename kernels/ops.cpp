@@ -1,4 +1,4 @@
-// ops.cpp: the only torch binding of the w4 kernels (built by w4cli/kernels.py with
+// ops.cpp: the only torch binding of the w4 kernels (built by w4cli/gpu/kernels.py with
 // torch.utils.cpp_extension.load). Every argument is checked here, with a readable message, before
 // any launch; the kernels themselves are torch-free (kernels/w4_kernels.h).
 #include <c10/cuda/CUDAStream.h>
@@ -197,7 +197,7 @@ LayerShape check_operands(const at::Tensor& x, const at::Tensor& qweight, const 
   TORCH_CHECK(x.is_contiguous(), msg("gemv: x must be contiguous (row-major), got a strided ",
               describe(x), "; call .contiguous() first"));
   TORCH_CHECK(x.size(0) <= max_m, msg(who, ": x has M = ", x.size(0), " rows; the kernel takes at most ",
-              max_m, " (w4cli.kernels.gemv splits larger batches)"));
+              max_m, " (w4cli.gpu.kernels.gemv splits larger batches)"));
   const LayerShape shape = check_layer(qweight, qzeros, scales, x.size(1));
   gemv_check_aligned16(x, "x");
   *bias_ptr = nullptr;

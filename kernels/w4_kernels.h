@@ -42,7 +42,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 //
 // Same operands and result as launch_gemv_w4a16, one read of the weight per tile of tokens.
 // plan_gemm_w4a16_batch plans the kernel the caller names (`kernel`: 1 = mma.sync, 2 = wgmma,
-// 3 = warp-specialised wgmma; 2 and 3 on compute capability 9.0 only; w4cli.kernels.gemv_path
+// 3 = warp-specialised wgmma; 2 and 3 on compute capability 9.0 only; w4cli.gpu.kernels.gemv_path
 // chooses by M), its tiling (`tiles`, 0 = by shape: row tiles per warp or warpgroup for kernels
 // 1 and 2, the variant 1..5 of kernel 3, gemm_w4a16_wgmma.cu's pick_ws_variant) and the split-K
 // count (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix both to cover each).

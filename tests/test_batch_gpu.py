@@ -1,9 +1,9 @@
 """The batch kernels (kernels/gemm_w4a16_batch.cu on mma.sync, M <= 64, and gemm_w4a16_wgmma.cu on
 wgmma, compute capability 9.0: M <= 128, and any M on its warp-specialised kernel, one read of the
 weight per tile of tokens), the GPU
-dequantize of the w4-gemv layout (kernels/dequant_w4_gemv.cu) and the paths w4cli.kernels.gemv picks
+dequantize of the w4-gemv layout (kernels/dequant_w4_gemv.cu) and the paths w4cli.gpu.kernels.gemv picks
 by M, against the pure-torch reference: exact bits where the arithmetic is exact, the bound of
-w4cli/checks.py elsewhere, every split-K reduction and row tiling, tile tails, determinism.
+w4cli/gpu/checks.py elsewhere, every split-K reduction and row tiling, tile tails, determinism.
 
 Run: pytest -m gpu tests/test_batch_gpu.py   (builds the kernels on first use, about a minute)
 """

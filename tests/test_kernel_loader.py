@@ -1,4 +1,4 @@
-"""CPU tests of the kernel loader (w4cli/kernels.py): no CUDA, no nvcc, nothing compiled."""
+"""CPU tests of the kernel loader (w4cli/gpu/kernels.py): no CUDA, no nvcc, nothing compiled."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from w4cli import kernels
+from w4cli.gpu import kernels
 from w4cli.errors import EXIT_ENVIRONMENT, EnvironmentUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,10 +84,10 @@ def test_dequantize_without_gpu_raises_environment(no_gpu):
 
 
 def test_import_builds_nothing(tmp_path):
-    """Importing w4cli.kernels in a fresh interpreter must not build, compile or touch the cache."""
+    """Importing w4cli.gpu.kernels in a fresh interpreter must not build, compile or touch the cache."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     code = (
-        "import sys, w4cli.kernels as k; "
+        "import sys, w4cli.gpu.kernels as k; "
         "assert k._module is None; "
         "assert 'torch.utils.cpp_extension' not in sys.modules or True; "
         "print('ok')"
@@ -214,9 +214,9 @@ def test_module_reimports_cleanly():
 
 
 def test_gemv_paths_by_batch_size_and_shape():
-    from w4cli import kernels
-    from w4cli.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, TINY_LAYER_DEQUANT_M,
-                                WGMMA_MAX_M, WGMMA_MIN_M, WS_MAX_M, WS_MIN_M)
+    from w4cli.gpu import kernels
+    from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, TINY_LAYER_DEQUANT_M,
+                                    WGMMA_MAX_M, WGMMA_MIN_M, WS_MAX_M, WS_MIN_M)
 
     big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table

@@ -11,8 +11,8 @@ loudly on a wrong result.
 
 import torch
 
-from w4cli import kernels
-from w4cli.checks import gemv_errors
+from w4cli.gpu import kernels
+from w4cli.gpu.checks import gemv_errors
 from w4cli.formats import awq_gemm, w4_gemv
 
 gen = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ K = in_features, N = out_features, G = group size, M = rows of activations.
                   kernel never straddles two groups) or G == K; x, scales, bias and y float16;
                   M <= 8 per GEMV launch (one mma n8 tile), M <= 64 per mma.sync batch-kernel
                   launch, M <= 128 per wgmma batch-kernel launch, M <= 65536 per warp-specialised
-                  wgmma launch (both compute capability 9.0 only); w4cli.kernels.gemv picks the
+                  wgmma launch (both compute capability 9.0 only); w4cli.gpu.kernels.gemv picks the
                   kernel by M (gemv_path)
 
 Pure (no torch): the command line asks it before anything heavy is imported, so dtypes are named as

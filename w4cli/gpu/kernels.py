@@ -21,7 +21,7 @@ than sm_80, no nvcc (`CUDA_HOME` unknown), no ninja, or a failed build (the comp
 to `<build dir>/build.log` and named in the message). `probe()` is the one question every command
 asks before a GPU path: can this machine run w4's kernels, and if not, why not.
 
-What the kernels take (shapes, groups, dtypes, rows per launch) is w4cli/contract.py.
+What the kernels take (shapes, groups, dtypes, rows per launch) is w4cli/gpu/contract.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from w4cli.contract import (
+from w4cli.gpu.contract import (
     BATCH_CHUNKED_MAX_M,
     BATCH_MAX_M,
     GEMV_MAX_M,
@@ -53,7 +53,7 @@ from w4cli.contract import (
 )
 from w4cli.errors import EnvironmentUnavailable
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
 LOCK_TIMEOUT_S = 30 * 60.0  # a first build takes about a minute; anything this long is a stuck peer
 
@@ -336,7 +336,7 @@ def gemv(
         pdl: launch the GEMV (M <= 16) with programmatic dependent launch: it starts fetching its
             weights while the previous kernel in the stream finishes (Hopper; the same bits).
     The kernel is chosen by M (`gemv_path`). Every path matches w4_gemv.gemv_reference(x, ...)
-    within w4cli.checks' bound, and the two fused kernels give it bit for bit on exact data (the
+    within w4cli.gpu.checks' bound, and the two fused kernels give it bit for bit on exact data (the
     GEMV's scale-after-mma path with G % 128 == 0 and K >= 4096 skips the weight's fp16 rounding:
     kernels/gemv_w4a16.cu says why). Deterministic: the same inputs give the same bits on every run.
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
