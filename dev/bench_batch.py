@@ -56,6 +56,10 @@ def main() -> int:
             print(line, flush=True)
             if m <= 8:
                 continue
+            dq = run_case(f"{shape} M={m} dequant+cuBLAS", layer, m, lambda x, qw, qz, s, b: torch.nn.functional.linear(
+                x, kernels.dequantize_w4_gemv(qw, qz, s, x.shape[1]), b), copy)
+            if dq is not None:
+                print(f"  {shape} M={m}: dequant+cuBLAS {dq.median_us:.2f} ({fp.median_us / dq.median_us:.2f}x)", flush=True)
             best = None
             for kernel in (int(v) for v in args.kernels.split(",")):
                 if (kernel == 1 and m > 64) or (kernel == 2 and m > 128):

@@ -104,9 +104,13 @@ struct WgStage : StageLayout<MT, NT> {
 #if defined(W4_HAS_WGMMA)
 // One k-block of one warp: its NT 16-row tiles (one per m64 tile of its warpgroup) x MT tokens.
 // S: the stage's layout (WgStage or WsStage: kRows, kTokens, kXOff, kWOff, kSOff, kZOff).
-template <typename S, int NT, int MT = S::kTokens>
+// kDrain: wait for every wgmma before returning (the stage may be refilled after the next block
+// barrier); else the last word's wgmmas are left in flight across the stage boundary, and
+// `release`, when not 0, is the mbarrier this thread arrives on once the previous stage's wgmmas
+// are done (after the first word's wait), so the tensor cores never idle between stages.
+template <typename S, int NT, bool kDrain = true, int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
-                                            int slot, float (&acc)[NT][MT / 8][4]) {
+                                            int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0) {
   const uint4* ws = reinterpret_cast<const uint4*>(st + S::kWOff);
   const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S::kSOff);
   const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + S::kZOff);
@@ -155,8 +159,9 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     }
     wgmma_commit();
     wgmma_wait<1>();  // word j - 1's wgmmas are done: their A fragments' registers are free again
+    if (!kDrain && j == 0 && release != 0) mbar_arrive(release);
   }
-  wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
+  if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
 }
 #endif
 
@@ -301,7 +306,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, u
     mbar_wait(empty0 + 8 * (i % S::kStages), (i / S::kStages) & 1);
 }
 // The MMA warps: per k-block, wait for the stage to land, convert and multiply it (wgmma_stage),
-// release it to the producer; then the output (split-K as batch_common.cuh).
+// and release the previous stage once its wgmmas are done; then the output.
 template <typename S, int NT, int MT = S::kTokens>
 __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, uint32_t full0,
                                            uint32_t empty0, int cb, int split, int mt, int kb0, int nkb, int warp,
@@ -318,10 +323,12 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
     const int s = i % S::kStages;
     mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
     const int at = s * S::kStageBytes;
-    wgmma_stage<S, NT>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + 8 * s);
+    // every thread releases the stage it read (an arrive orders only its own thread's reads)
+    wgmma_stage<S, NT, false>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc,
+                              i > 0 ? empty0 + 8 * ((i - 1) % S::kStages) : 0u);
   }
+  wgmma_wait<0>();
+  if (nkb > 0) mbar_arrive(empty0 + 8 * ((nkb - 1) % S::kStages));
   const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, m0 = mt * MT;
   if (a.splits == 1) {
     for_each_output(acc, row0, 64, lane, [&](float& v, int m, int n) {
@@ -368,7 +375,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(full0 + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
-      mbar_init(empty0 + 8 * s, kBatchWarps);
+      mbar_init(empty0 + 8 * s, kBatchThreads);
     }
     fence_mbar_init();
   }
