@@ -454,7 +454,10 @@ int default_ws_variant(int64_t M, int64_t N, int sms) {
     const int64_t cost = (M + mt - 1) / mt * mt * (mt + 64) / mt;
     if (cost < best_cost) best_cost = cost, best_mt = mt;
   }
-  if (best_mt == 256) return 5;
+  // At MT = 256, too few tiles to give every SM one (a 4096- or 8192-wide layer at M = 256): half
+  // the tokens per tile, twice the tiles (H100: 8192x8192 at M = 256, 80 us against 101).
+  if (best_mt == 256)
+    return (N + 127) / 128 * ((M + 255) / 256) * 2 <= sms ? 3 : 5;
   const int64_t tiles2 = (N + 255) / 256 * ((M + best_mt - 1) / best_mt);
   return (best_mt == 64 ? 1 : 3) + (tiles2 >= sms ? 1 : 0);
 }
@@ -532,6 +535,15 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
+  // Split-K only to fill SMs that would otherwise idle, and only over at least 32 k-blocks a split:
+  // the partials of a compute-bound tile cost more than the bytes model of the other kernels
+  // assumes (H100, 4096x4096 at M = 256: 100 us with its choice, 55 us with none).
+  if (splits == 0) {
+    const int blocks = row_blocks * m_tiles;
+    const int want = blocks < sms ? sms / blocks : 1, cap = kblocks / 32;
+    splits = want < cap ? want : cap;
+    if (splits < 1) splits = 1;
+  }
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
               M < v.tokens ? M : v.tokens, v.rows, plan);
   plan->row_blocks = row_blocks;
