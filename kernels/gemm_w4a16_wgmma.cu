@@ -447,7 +447,7 @@ bool pick_ws_variant(int variant, WsVariant* v) {
 // and shared-memory reads per MMA that narrower tiles pay. NT = 2 (R = 256 rows, the activations
 // read once per two m64 tiles) where that still gives every SM a tile, except at MT = 256, where
 // one m64n256 accumulator already takes 128 registers.
-int default_ws_variant(int64_t M, int64_t N, int sms) {
+int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   int best_mt = 64;
   int64_t best_cost = INT64_MAX;
   for (int mt = 64; mt <= 256; mt *= 2) {
@@ -455,9 +455,10 @@ int default_ws_variant(int64_t M, int64_t N, int sms) {
     if (cost < best_cost) best_cost = cost, best_mt = mt;
   }
   // At MT = 256, too few tiles to give every SM one (a 4096- or 8192-wide layer at M = 256): half
-  // the tokens per tile, twice the tiles (H100: 8192x8192 at M = 256, 80 us against 101).
+  // the tokens per tile, twice the tiles (H100: 8192x8192 at M = 256, 80 us against 101), unless
+  // K is long enough for split-K to fill the SMs instead (28672x8192: 241 us against 287).
   if (best_mt == 256)
-    return (N + 127) / 128 * ((M + 255) / 256) * 2 <= sms ? 3 : 5;
+    return (N + 127) / 128 * ((M + 255) / 256) * 2 <= sms && (K + 127) / 128 <= 128 ? 3 : 5;
   const int64_t tiles2 = (N + 255) / 256 * ((M + best_mt - 1) / best_mt);
   return (best_mt == 64 ? 1 : 3) + (tiles2 >= sms ? 1 : 0);
 }
@@ -527,7 +528,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (!ws_shapes_ok(M, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
-  if (variant == 0) variant = default_ws_variant(M, N, sms);
+  if (variant == 0) variant = default_ws_variant(M, K, N, sms);
   WsVariant v;
   if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
   const cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
