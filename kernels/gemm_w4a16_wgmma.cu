@@ -241,10 +241,10 @@ __global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict_
 }
 
 // Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
-// Registers are split unevenly (setmaxnreg): 232 a thread for the MMA warps, which hold a 64 x 256
-// fp32 accumulator, 40 for the producer's; 2 x 232 + 40 warps' worth fit one SM sub-partition.
+// Registers are split unevenly (setmaxnreg): 240 a thread for the MMA warps, which hold a 64 x 256
+// fp32 accumulator, 32 for the producer's; 2 x 240 + 32 warps' worth fill one SM sub-partition.
 constexpr int kWsThreads = kBatchThreads + 128;
-constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
+constexpr int kWsMmaRegs = 240, kWsProducerRegs = 32;
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
 // The warp-specialised kernel's stages: up to 4 in the opt-in limit (3 at MT = 256).
@@ -284,15 +284,17 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const StreamK& sk
   constexpr int kTiles8 = S::kRows / 8;
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
-  const int64_t u0 = sk.begin(blockIdx.x), nu = sk.begin(blockIdx.x + 1) - u0;
-  for (int64_t i = 0; i < nu; ++i) {
-    const int64_t t = (u0 + i) / sk.kblocks;
-    const int kb = (int)(u0 + i - t * sk.kblocks);
-    const int cb = (int)(t % a.n_tiles), mt = (int)(t / a.n_tiles);
+  const int64_t u0 = sk.begin(blockIdx.x);
+  const int nu = (int)(sk.begin(blockIdx.x + 1) - u0);
+  // the unit's tile and k-block, stepped along (no 64-bit division in the loop)
+  const int64_t t0 = u0 / sk.kblocks;
+  int kb = (int)(u0 - t0 * sk.kblocks), cb = (int)(t0 % a.n_tiles), mt = (int)(t0 / a.n_tiles);
+  int s = 0;
+  uint32_t phase = 0;  // parity of the `empty` phase to wait for, once the ring has wrapped
+  for (int i = 0; i < nu; ++i) {
     const int tiles8 = min(kTiles8, (a.N >> 3) - cb * kTiles8);  // weight tiles inside N
-    const int s = (int)(i % S::kStages);
     const uint32_t full = full0 + 8 * s;
-    if (i >= S::kStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / S::kStages) + 1) & 1);
+    if (i >= S::kStages) mbar_wait(empty0 + 8 * s, phase);
     const uint32_t st = smem0 + s * S::kStageBytes;
     if (lane == 0) {
       const char* wbase = reinterpret_cast<const char*>(a.qweight + (size_t)cb * kTiles8 * a.kblocks * 32);
@@ -318,10 +320,18 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const StreamK& sk
       }
     }
     mbar_arrive_cp_async(full);
+    if (++kb == sk.kblocks) {
+      kb = 0;
+      if (++cb == a.n_tiles) cb = 0, ++mt;
+    }
+    if (++s == S::kStages) {
+      s = 0;
+      if (i + 1 > S::kStages) phase ^= 1;  // units S..2S-1 wait for phase 0, the next S for 1, ...
+    }
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
-  for (int64_t i = nu > S::kStages ? nu - S::kStages : 0; i < nu; ++i)
-    mbar_wait(empty0 + 8 * (int)(i % S::kStages), (uint32_t)(i / S::kStages) & 1);
+  for (int i = nu > S::kStages ? nu - S::kStages : 0; i < nu; ++i)
+    mbar_wait(empty0 + 8 * (i % S::kStages), (uint32_t)(i / S::kStages) & 1);
 }
 
 // One tile segment's accumulators -> y (a whole tile), or -> workspace slot `slot` ([MT][R] fp32,
@@ -372,7 +382,7 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const StreamK& sk
                                            uint32_t full0, uint32_t empty0, int warp, int lane) {
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
   const int64_t u0 = sk.begin(blockIdx.x), u1 = sk.begin(blockIdx.x + 1);
-  int64_t i = 0;  // the block's unit count so far: the stage ring's position
+  int i = 0;  // the block's unit count so far: the stage ring's position
   for (int64_t u = u0; u < u1;) {
     const int64_t t = u / sk.kblocks;
     const int kb_begin = (int)(u - t * sk.kblocks);
@@ -385,15 +395,15 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const StreamK& sk
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][nb][e] = 0.f;
     for (int kb = kb_begin; kb < kb_end; ++kb, ++i) {
-      const int s = (int)(i % S::kStages);
+      const int s = i % S::kStages;
       mbar_wait(full0 + 8 * s, (uint32_t)(i / S::kStages) & 1);
       const int at = s * S::kStageBytes;
       // every thread releases the stage it read (an arrive orders only its own thread's reads)
       wgmma_stage<S, NT, false>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc,
-                                kb > kb_begin ? empty0 + 8 * (int)((i - 1) % S::kStages) : 0u);
+                                kb > kb_begin ? empty0 + 8 * ((i - 1) % S::kStages) : 0u);
     }
     wgmma_wait<0>();
-    mbar_arrive(empty0 + 8 * (int)((i - 1) % S::kStages));
+    mbar_arrive(empty0 + 8 * ((i - 1) % S::kStages));
     const int cb = (int)(t % a.n_tiles);
     ws_write_segment<S, NT>(acc, a, sk, t, kb_begin, kb_end,
                             cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, lane);
