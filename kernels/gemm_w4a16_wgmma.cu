@@ -241,12 +241,15 @@ __global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict_
 }
 
 // Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
-// Registers are split unevenly (setmaxnreg): 240 a thread for the MMA warps, which hold a 64 x 256
-// fp32 accumulator, 24 for the producer's. The block is launched with 168 a thread (384 threads), and
-// setmaxnreg.inc waits until the pool has the registers: 2 x 240 + 24 = 3 x 168, or the block hangs.
+// Registers are split unevenly (setmaxnreg). The block is launched with 168 a thread (384 threads),
+// and setmaxnreg.inc waits until the pool has the registers, so 2 x MMA + producer = 3 x 168 or the
+// block hangs: 240 + 24 where the MMA warps hold 128 accumulators (64 x 256 fp32), else 232 + 40.
 constexpr int kWsThreads = kBatchThreads + 128;
-constexpr int kWsMmaRegs = 240, kWsProducerRegs = 24;
-static_assert(2 * kWsMmaRegs + kWsProducerRegs == 3 * (65536 / kWsThreads / 8 * 8), "the pool the block starts with");
+template <int MT, int NT>
+struct WsRegs {
+  static constexpr int kMma = NT * MT >= 256 ? 240 : 232, kProducer = NT * MT >= 256 ? 24 : 40;
+  static_assert(2 * kMma + kProducer == 3 * (65536 / kWsThreads / 8 * 8), "the pool the block starts with");
+};
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
 // The warp-specialised kernel's stages: up to 4 in the opt-in limit (3 at MT = 256).
@@ -259,20 +262,44 @@ struct WsStage : StageLayout<MT, NT> {
   static_assert(kStages >= 2, "a stage must fit twice in shared memory");
 };
 
-// The stream-K schedule. The work is T x KB units (T tiles of R rows x MT tokens, tile t = m tile
-// t / n_tiles, row block t % n_tiles; KB 128-k blocks each), cut into G equal contiguous ranges, one
-// per block (G = the SM count: one wave, no tile quantization). A block runs its units in order, so
-// it meets each tile as one segment of k-blocks: a whole tile (written at once), the tile's first
-// segment (k-block 0: the block owns the tile and finishes it), or a later one (a partial, left in
-// the block's workspace slot). The owner waits for the tile's other segments, which run at the
-// start of later blocks' ranges, and adds them in k order: the same bits on every run.
-struct StreamK {
-  int64_t units, kblocks;
+// The schedule: data-parallel waves, then one stream-K pass. The work is T tiles of R rows x MT
+// tokens (tile t = m tile t / n_tiles, row block t % n_tiles), KB 128-k blocks each, on G blocks (G =
+// the SM count). All but the last one or two waves' worth of tiles go data-parallel: block c takes
+// tiles c, c + G, ..., so the G tiles in flight together are neighbours that share their
+// activations in L2. The rest, between G and 2G tiles (all of them when T < 2G), are T_sk x KB
+// units cut into G equal contiguous ranges (stream-K: no partly idle last wave). A block meets each
+// stream-K tile as one segment of k-blocks: a whole tile, the tile's first segment (k-block 0: the
+// block owns the tile and finishes it) or a later one (a partial, left in the block's workspace
+// slot). The owner waits for the later segments, which run at the start of later blocks' ranges,
+// and adds them in k order: the same bits on every run.
+struct Schedule {
+  int64_t kblocks, dp_tiles, sk_units;
   int ctas;
-  // first unit of block c
-  __device__ __forceinline__ int64_t begin(int c) const { return (int64_t)c * units / ctas; }
-  // the block whose range holds unit u
-  __device__ __forceinline__ int block_of(int64_t u) const { return (int)(((u + 1) * ctas - 1) / units); }
+  __device__ __forceinline__ int dp_count(int c) const {
+    return c < dp_tiles ? (int)((dp_tiles - 1 - c) / ctas) + 1 : 0;
+  }
+  // first stream-K unit of block c, counted from the first stream-K tile
+  __device__ __forceinline__ int64_t sk_begin(int c) const { return (int64_t)c * sk_units / ctas; }
+  // the block whose stream-K range holds unit u (counted as sk_begin)
+  __device__ __forceinline__ int sk_block_of(int64_t u) const { return (int)(((u + 1) * ctas - 1) / sk_units); }
+  // f(tile, first k-block, end k-block) for each of block c's segments, in order
+  template <typename F>
+  __device__ __forceinline__ void for_each_segment(int c, F&& f) const {
+    const int n = dp_count(c);
+    for (int j = 0; j < n; ++j) f((int64_t)c + (int64_t)j * ctas, 0, (int)kblocks);
+    const int64_t u1 = sk_begin(c + 1);
+    for (int64_t u = sk_begin(c); u < u1;) {
+      const int64_t t = u / kblocks;
+      const int kb = (int)(u - t * kblocks);
+      const int end = (int)min(kblocks, u1 - t * kblocks);
+      f(dp_tiles + t, kb, end);
+      u = (t + 1) * kblocks;
+    }
+  }
+  // the number of units block c runs
+  __device__ __forceinline__ int units(int c) const {
+    return (int)((int64_t)dp_count(c) * kblocks + sk_begin(c + 1) - sk_begin(c));
+  }
 };
 
 #if defined(W4_HAS_WGMMA)
@@ -281,69 +308,67 @@ struct StreamK {
 // layout's unit), expecting their bytes on the stage's `full` barrier; every lane copies its scale
 // and zero chunks with cp.async and arrives when they land (33 arrivals a phase).
 template <typename S>
-__device__ __forceinline__ void ws_produce(const BatchArgs& a, const StreamK& sk, uint32_t smem0, uint32_t full0,
+__device__ __forceinline__ void ws_produce(const BatchArgs& a, const Schedule& sc, uint32_t smem0, uint32_t full0,
                                            uint32_t empty0, int lane) {
   constexpr int kTiles8 = S::kRows / 8;
-  const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
-  const uint64_t xpolicy = evict_normal_policy();
-  const int64_t u0 = sk.begin(blockIdx.x);
-  const int nu = (int)(sk.begin(blockIdx.x + 1) - u0);
-  // the unit's tile and k-block, stepped along (no 64-bit division in the loop)
-  const int64_t t0 = u0 / sk.kblocks;
-  int kb = (int)(u0 - t0 * sk.kblocks), cb = (int)(t0 % a.n_tiles), mt = (int)(t0 / a.n_tiles);
-  int s = 0;
+  // weights: read once per tile of tokens; activations: stream-K blocks read them at different
+  // k-blocks, so small ones are kept resident (the policies are made where used: few registers)
+  const bool w_once = a.m_tiles == 1, x_keep = (int64_t)a.m_tiles * S::kTokens * a.x_cols <= (8 << 20);
+  int i = 0, s = 0;
   uint32_t phase = 0;  // parity of the `empty` phase to wait for, once the ring has wrapped
-  for (int i = 0; i < nu; ++i) {
+  sc.for_each_segment(blockIdx.x, [&](int64_t t, int kb_begin, int kb_end) {
+    const int cb = (int)(t % a.n_tiles), mt = (int)(t / a.n_tiles);
     const int tiles8 = min(kTiles8, (a.N >> 3) - cb * kTiles8);  // weight tiles inside N
-    const uint32_t full = full0 + 8 * s;
-    if (i >= S::kStages) mbar_wait(empty0 + 8 * s, phase);
-    const uint32_t st = smem0 + s * S::kStageBytes;
-    if (lane == 0) {
-      const char* wbase = reinterpret_cast<const char*>(a.qweight + (size_t)cb * kTiles8 * a.kblocks * 32);
-      const char* xsrc = reinterpret_cast<const char*>(a.x) + ((size_t)mt * a.kblocks + kb) * (S::kTokens * 256);
-      mbar_arrive_expect_tx(full, S::kTokens * 256 + tiles8 * 512);
-      bulk_copy_g2s(st + S::kXOff, xsrc, S::kTokens * 256, full, xpolicy);
-      for (int w = 0; w < tiles8; ++w)
-        bulk_copy_g2s(st + S::kWOff + w * 512, wbase + ((size_t)w * a.kblocks + kb) * 512, 512, full, wpolicy);
-    }
-    // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
+    const char* wbase = reinterpret_cast<const char*>(a.qweight + (size_t)cb * kTiles8 * a.kblocks * 32);
+    const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
+    for (int kb = kb_begin; kb < kb_end; ++kb, ++i) {
+      const uint32_t full = full0 + 8 * s;
+      if (i >= S::kStages) mbar_wait(empty0 + 8 * s, phase);
+      const uint32_t st = smem0 + s * S::kStageBytes;
+      if (lane == 0) {
+        const uint64_t xpolicy = x_keep ? evict_last_policy() : evict_normal_policy();
+        const uint64_t wpolicy = w_once ? evict_first_policy() : evict_normal_policy();
+        mbar_arrive_expect_tx(full, S::kTokens * 256 + tiles8 * 512);
+        bulk_copy_g2s(st + S::kXOff, xbase + (size_t)kb * (S::kTokens * 256), S::kTokens * 256, full, xpolicy);
+        for (int w = 0; w < tiles8; ++w)
+          bulk_copy_g2s(st + S::kWOff + w * 512, wbase + ((size_t)w * a.kblocks + kb) * 512, 512, full, wpolicy);
+      }
+      // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
 #pragma unroll
-    for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
-      const int idx = lane + 32 * j;
-      const int slot = idx / kTiles8;
-      const int c = idx - slot * kTiles8;
-      if (slot < a.run_slots) {
-        const int n0 = cb * S::kRows + 8 * c;
-        const bool ok = n0 < a.N;
-        const int grp = group_of_run(4u * kb + slot, a);
-        cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
-        cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
-                  ok);
+      for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
+        const int idx = lane + 32 * j;
+        const int slot = idx / kTiles8;
+        const int c = idx - slot * kTiles8;
+        if (slot < a.run_slots) {
+          const int n0 = cb * S::kRows + 8 * c;
+          const bool ok = n0 < a.N;
+          const int grp = group_of_run(4u * kb + slot, a);
+          cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0),
+                     ok);
+          cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c),
+                    a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0), ok);
+        }
+      }
+      mbar_arrive_cp_async(full);
+      if (++s == S::kStages) {
+        s = 0;
+        if (i + 1 > S::kStages) phase ^= 1;  // units S..2S-1 wait for phase 0, the next S for 1, ...
       }
     }
-    mbar_arrive_cp_async(full);
-    if (++kb == sk.kblocks) {
-      kb = 0;
-      if (++cb == a.n_tiles) cb = 0, ++mt;
-    }
-    if (++s == S::kStages) {
-      s = 0;
-      if (i + 1 > S::kStages) phase ^= 1;  // units S..2S-1 wait for phase 0, the next S for 1, ...
-    }
-  }
+  });
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
-  for (int i = nu > S::kStages ? nu - S::kStages : 0; i < nu; ++i)
-    mbar_wait(empty0 + 8 * (i % S::kStages), (uint32_t)(i / S::kStages) & 1);
+  for (int u = i > S::kStages ? i - S::kStages : 0; u < i; ++u)
+    mbar_wait(empty0 + 8 * (u % S::kStages), (uint32_t)(u / S::kStages) & 1);
 }
 
 // One tile segment's accumulators -> y (a whole tile), or -> workspace slot `slot` ([MT][R] fp32,
 // fragment order by (token, row) of the tile), counted in on the tile's counter (a later segment),
 // or, for the tile's owner, -> its own slot, then the tile's sum over the slots in k order -> y.
 template <typename S, int NT, int MT = S::kTokens>
-__device__ __forceinline__ void ws_write_segment(float (&acc)[NT][MT / 8][4], const BatchArgs& a, const StreamK& sk,
+__device__ __forceinline__ void ws_write_segment(float (&acc)[NT][MT / 8][4], const BatchArgs& a, const Schedule& sc,
                                                  int64_t t, int kb_begin, int kb_end, int row0, int lane) {
   const int cb = (int)(t % a.n_tiles), m0 = (int)(t / a.n_tiles) * MT, n0 = cb * S::kRows;
-  if (kb_begin == 0 && kb_end == sk.kblocks) {
+  if (kb_begin == 0 && kb_end == sc.kblocks) {
     for_each_output(acc, row0, 64, lane, [&](float& v, int m, int n) {
       m += m0;
       if (m < a.M && n < a.N) store_output(a, v, m, n);
@@ -352,7 +377,7 @@ __device__ __forceinline__ void ws_write_segment(float (&acc)[NT][MT / 8][4], co
   }
   constexpr int kTile = MT * S::kRows;
   const bool owner = kb_begin == 0;
-  float* slot = a.partial + (size_t)(owner ? sk.ctas + blockIdx.x : blockIdx.x) * kTile;
+  float* slot = a.partial + (size_t)(owner ? sc.ctas + blockIdx.x : blockIdx.x) * kTile;
   for_each_output(acc, row0, 64, lane, [&](float& v, int m, int n) { __stcg(slot + m * S::kRows + (n - n0), v); });
   __threadfence();  // the slot is visible device-wide before the block counts itself in
   mma_threads_sync();
@@ -361,7 +386,7 @@ __device__ __forceinline__ void ws_write_segment(float (&acc)[NT][MT / 8][4], co
     return;
   }
   // the tile's later segments: blocks blockIdx.x + 1 .. the one holding its last unit
-  const int others = sk.block_of((t + 1) * sk.kblocks - 1) - (int)blockIdx.x;
+  const int others = sc.sk_block_of((t - sc.dp_tiles + 1) * sc.kblocks - 1) - (int)blockIdx.x;
   if (threadIdx.x == 0) {
     while (atomicAdd(a.counters + t, 0) < others) __nanosleep(64);
     a.counters[t] = 0;  // left zeroed, as found
@@ -380,15 +405,11 @@ __device__ __forceinline__ void ws_write_segment(float (&acc)[NT][MT / 8][4], co
 // The MMA warps: per unit, wait for the stage to land, convert and multiply it (wgmma_stage), and
 // release the previous stage once its wgmmas are done; at each tile segment's end, its output.
 template <typename S, int NT, int MT = S::kTokens>
-__device__ __forceinline__ void ws_consume(const BatchArgs& a, const StreamK& sk, const uint8_t* smem, uint32_t smem0,
-                                           uint32_t full0, uint32_t empty0, int warp, int lane) {
+__device__ __forceinline__ void ws_consume(const BatchArgs& a, const Schedule& sc, const uint8_t* smem,
+                                           uint32_t smem0, uint32_t full0, uint32_t empty0, int warp, int lane) {
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
-  const int64_t u0 = sk.begin(blockIdx.x), u1 = sk.begin(blockIdx.x + 1);
   int i = 0;  // the block's unit count so far: the stage ring's position
-  for (int64_t u = u0; u < u1;) {
-    const int64_t t = u / sk.kblocks;
-    const int kb_begin = (int)(u - t * sk.kblocks);
-    const int kb_end = (int)min((int64_t)sk.kblocks, u1 - t * sk.kblocks);
+  sc.for_each_segment(blockIdx.x, [&](int64_t t, int kb_begin, int kb_end) {
     float acc[NT][MT / 8][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -407,15 +428,13 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const StreamK& sk
     wgmma_wait<0>();
     mbar_arrive(empty0 + 8 * ((i - 1) % S::kStages));
     const int cb = (int)(t % a.n_tiles);
-    ws_write_segment<S, NT>(acc, a, sk, t, kb_begin, kb_end,
+    ws_write_segment<S, NT>(acc, a, sc, t, kb_begin, kb_end,
                             cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, lane);
-    u = (t + 1) * sk.kblocks;
-  }
+  });
 }
 #endif
 
-// grid (G), kWsThreads threads, S::kSmem bytes of dynamic shared memory; a.splits = G, the
-// stream-K ranges; a.partial [2 G][MT][R] fp32 workspace, a.counters [T] int32, zero.
+// grid (G), kWsThreads threads, S::kSmem bytes of dynamic shared memory; a.splits = G (Schedule); a.partial [2 G][MT][R] fp32 workspace, a.counters [T] int32, zero.
 template <int MT, int NT>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a) {
 #if defined(W4_HAS_WGMMA)
@@ -428,7 +447,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   const uint32_t full0 = smem_u32(bars), empty0 = full0 + 8 * S::kStages;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const StreamK sk{(int64_t)a.n_tiles * a.m_tiles * a.kblocks, a.kblocks, a.splits};
+  const int64_t tiles = (int64_t)a.n_tiles * a.m_tiles, waves = tiles / a.splits;
+  const int64_t dp_tiles = waves >= 2 ? (waves - 1) * a.splits : 0;
+  const Schedule sc{a.kblocks, dp_tiles, (tiles - dp_tiles) * a.kblocks, a.splits};
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(full0 + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
@@ -438,11 +459,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   }
   __syncthreads();
   if (warp >= kBatchWarps) {
-    setmaxnreg_dec<kWsProducerRegs>();
-    if (warp == kBatchWarps) ws_produce<S>(a, sk, smem0, full0, empty0, lane);
+    setmaxnreg_dec<WsRegs<MT, NT>::kProducer>();
+    if (warp == kBatchWarps) ws_produce<S>(a, sc, smem0, full0, empty0, lane);
   } else {
-    setmaxnreg_inc<kWsMmaRegs>();
-    ws_consume<S, NT>(a, sk, smem, smem0, full0, empty0, warp, lane);
+    setmaxnreg_inc<WsRegs<MT, NT>::kMma>();
+    ws_consume<S, NT>(a, sc, smem, smem0, full0, empty0, warp, lane);
   }
 #endif
 }
