@@ -1,6 +1,8 @@
-// gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..128,
-// on Hopper's warpgroup MMA (wgmma, sm_90a). gemm_w4a16_batch.cu is the same computation on
-// mma.sync for sm_80+; on Hopper mma.sync issues too slowly to keep up with HBM from M = 32 up.
+// gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout) on Hopper's
+// warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header),
+// and the warp-specialised kernel for any M (its own header, "the warp-specialised kernel" below).
+// gemm_w4a16_batch.cu is the same computation on mma.sync for sm_80+; on Hopper mma.sync issues
+// too slowly to keep up with HBM from M = 32 up.
 //
 // Numerics: the batch kernel's per-weight path, W16[n, k] = fp16((q - z) * s) (one mul.rn.f16x2
 // from the exact q - z), fp32 accumulation in the tensor cores, split partials added in split
@@ -212,6 +214,18 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 }
 
 // ---- the warp-specialised kernel: any M, tokens in tiles of MT, a producer warp ----
+//
+// Same numerics and k order as above. A block owns a tile of R = 128 NT rows of N and MT = 64, 128
+// or 256 tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1) and a range of k-blocks
+// (split-K as batch_common.cuh). Warps 0-7 are two MMA warpgroups (wgmma_stage, m64nMT, one per
+// m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-4 stages
+// through the bulk copy engine and cp.async on `full`/`empty` mbarriers (no block barrier in the
+// loop), while the MMA warps keep the last word's wgmmas in flight across stage boundaries.
+// Launch shape: tile_x_kernel (x -> x_tiles [m_tiles, kblocks, MT x 256 B], the stages' swizzled
+// images), then grid (ceil(N / R), S, m_tiles), 384 threads, dynamic shared memory kStages x
+// (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB opt-in at MT = 256), 1 block/SM.
+// Constraints: as the cp.async kernel, with 1 <= M <= 65536 and x_tiles [m_tiles x MT, Kp] fp16
+// scratch; plan_gemm_w4a16_ws picks the variant and S (see its comments).
 //
 // Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
 // tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
