@@ -428,8 +428,9 @@ bool pick_wg_variant(int64_t M, int tiles, WgVariant* v) {
   }
 }
 
-bool wg_shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
-  return M >= 1 && M <= kWgmmaMaxM && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
+// Both wgmma kernels' shape rules; max_m: kWgmmaMaxM or kWsMaxM.
+bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) {
+  return M >= 1 && M <= max_m && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
          (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
 }
 
@@ -477,10 +478,6 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   return (best_mt == 64 ? 1 : 3) + (tiles2 >= sms ? 1 : 0);
 }
 
-bool ws_shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
-  return M >= 1 && M <= kWsMaxM && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
-         (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
-}
 
 }  // namespace
 
@@ -493,7 +490,7 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // SMs idle (the mma.sync kernel's rule); at M > 64 only one fits in registers
   if (tiles == 0) tiles = M <= 64 && N * 5 >= (int64_t)sms * 256 * 4 ? 2 : 1;
   WgVariant v;
-  if (!wg_shapes_ok(M, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v))
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
@@ -519,7 +516,7 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* 
                                     int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
                                     cudaStream_t stream) {
   WgVariant v;
-  if (!wg_shapes_ok(M, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
       plan.splits < 1 || x_perm == nullptr || plan.x_cols != (K + 127) / 128 * 128 ||
       (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;
@@ -541,7 +538,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (!ws_shapes_ok(M, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
+  if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
   if (variant == 0) variant = default_ws_variant(M, K, N, sms);
   WsVariant v;
   if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
@@ -576,7 +573,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qw
                                  int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
                                  cudaStream_t stream) {
   WsVariant v;
-  if (!ws_shapes_ok(M, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows || plan.splits < 1 ||
+  if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows || plan.splits < 1 ||
       x_tiles == nullptr || plan.x_cols != (K + 127) / 128 * 128 || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
       plan.x_rows != plan.m_tiles * v.tokens || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;
