@@ -34,7 +34,7 @@ def layers(k: int, n: int, group: int) -> dict[str, PackedLinear]:
     scales16 = (torch.rand(groups, n, generator=gen) * 0.01 + 0.002).half()
     awq = awq_gemm.packed_linear(words(gen, k, n // 8), words(gen, groups, n // 8), scales16)
     gq = gptq.packed_linear(words(gen, k // 8, n), words(gen, groups, n // 8), scales16, None, group, v1=True)
-    from w4cli.ct_config import WeightArgs
+    from w4cli.read.ct_config import WeightArgs
 
     args = WeightArgs(symmetric=True, strategy="group", group_size=group)
     ct = compressed_tensors.packed_linear(words(gen, n, k // 8), scales16.t().contiguous().bfloat16(), None, None, (n, k), args)

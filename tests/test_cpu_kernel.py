@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 
 from tests.awq_builder import small_model
 from w4cli.cpu import kernel
-from w4cli.ct_config import WeightArgs
-from w4cli.formats import awq_gemm, compressed_tensors, gptq
+from w4cli.read.ct_config import WeightArgs
+from w4cli.formats import awq_gemm, compressed_tensors, gptq, reference
 from w4cli.formats.packed import AWQ, K_IN_COLUMNS, K_IN_ROWS, PackedLinear
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -132,13 +132,13 @@ def test_each_format_through_its_own_entry_gives_its_reference():
     for v1 in (True, False):
         for idx in (None, g_idx):
             args = (words((k // 8, n), gen), words((k // g, n // 8), gen), s16, idx, g, v1)
-            want = gptq.packed_linear(*args).unpack().dequantize(torch.bfloat16)
+            want = reference.dequantize(gptq.packed_linear(*args), torch.bfloat16)
             assert same_bits(kernel.dequantize(gptq.packed_linear(*args), torch.bfloat16), want)
     for symmetric in (True, False):
         wargs = WeightArgs(symmetric=symmetric, strategy="group", group_size=g)
         point = None if symmetric else words((n // 8, k // g), gen)
         args = (words((n, k // 8), gen), scales(n, k // g, torch.bfloat16, gen), point, None, (n, k), wargs)
-        want = compressed_tensors.packed_linear(*args).unpack().dequantize(torch.bfloat16)
+        want = reference.dequantize(compressed_tensors.packed_linear(*args), torch.bfloat16)
         assert same_bits(kernel.dequantize(compressed_tensors.packed_linear(*args), torch.bfloat16), want)
 
 

@@ -52,8 +52,9 @@ def dequantize(
     """
     from w4cli.cpu.kernel import set_threads
     from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
-    from w4cli.source import files_to_copy, open_for_conversion
-    from w4cli.writer import parse_size, write_checkpoint
+    from w4cli.read.source import files_to_copy
+    from w4cli.write.output_dir import open_for_conversion
+    from w4cli.write.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)
     awq, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)

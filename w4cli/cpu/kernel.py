@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from w4cli.errors import EnvironmentUnavailable
+from w4cli.formats import reference as formats_reference
 from w4cli.formats.packed import PackedLinear
 
 SOURCE = Path(__file__).resolve().parent.parent.parent / "kernels" / "cpu" / "dequant_w4_cpu.cpp"
@@ -68,7 +69,7 @@ def load() -> Any:
         return _module
     from torch.utils import cpp_extension
 
-    from w4cli.kernels import _BuildLock, cache_root, remove_stale_torch_lock
+    from w4cli.gpu.kernels import _BuildLock, cache_root, remove_stale_torch_lock
 
     _ninja_on_path()
     if not cpp_extension.is_ninja_available():
@@ -106,7 +107,7 @@ def _jit_load(name: str, build_dir: Path) -> Any:
                               extra_cflags=["-O3"], verbose=False)
 
 
-# layer: one PackedLinear -> [N, K] in dtype, bit-identical to layer.unpack().dequantize(dtype)
+# layer: one PackedLinear -> [N, K] in dtype, bit-identical to formats/reference.py's dequantize
 def dequantize(layer: PackedLinear, dtype: torch.dtype, simd: bool = True) -> torch.Tensor:
     """The kernel on one linear; simd False takes the portable scalar loop even where AVX2 exists
     (the tests compare both). Raises EnvironmentUnavailable where the kernel cannot be built."""
@@ -120,7 +121,7 @@ def dequantize(layer: PackedLinear, dtype: torch.dtype, simd: bool = True) -> to
 
 def reference(layer: PackedLinear, dtype: torch.dtype) -> torch.Tensor:
     """The definition: the pure-torch dequantization every format shares."""
-    return layer.unpack().dequantize(dtype)
+    return formats_reference.dequantize(layer, dtype)
 
 
 def dequantizer(announce: Callable[[str], None]) -> Callable[[PackedLinear, torch.dtype], torch.Tensor]:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import torch
 
-from w4cli.contract import PACK
+from w4cli.gpu.contract import PACK
 from w4cli.formats.packed import AWQ, PackedLinear
+from w4cli.formats.unpacked import UnpackedLinear
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -96,10 +97,25 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return (diff.to(torch.float32) * scales.to(torch.float32).view(groups, 1, n)).view(k, n)
 
 
+# qweight [K, N/8] int32 -> codes [N, K] uint8, transposed as one-byte codes rather than as the
+# 2- or 4-byte results
+def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
+    return unpack(qweight).t().contiguous()
+
+
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> qweight as it is, zeros and scales [N, K/G]
 def packed_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> PackedLinear:
     n = qweight.shape[1] * PACK
     return PackedLinear(qweight, AWQ, (n, qweight.shape[0]), unpack(qzeros).t().contiguous(), scales.t().contiguous())
+
+
+def pack_linear(layer: UnpackedLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]) in this layout, the one the kernels
+    and w4-gemv take: the same weights, losslessly. Only for contiguous groups (g_idx None) and N a
+    multiple of 8; callers check both (repack refuses, dequantize falls back)."""
+    if layer.g_idx is not None:
+        raise ValueError("a permuting g_idx has no AWQ gemm form")
+    return pack(layer.codes.t()), pack(layer.zeros.t()), layer.scales.t().contiguous()
 
 
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype
@@ -112,4 +128,4 @@ def dequantize(
 ) -> torch.Tensor:
     if not transpose:
         return dequantize_exact(qweight, qzeros, scales).to(dtype)
-    return packed_linear(qweight, qzeros, scales).unpack().dequantize(dtype)
+    return UnpackedLinear(unpack_codes(qweight), unpack(qzeros).t(), scales.t()).dequantize(dtype)

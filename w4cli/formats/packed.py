@@ -1,5 +1,5 @@
 """One linear's int4 weights still packed, its zero points and scales already unpacked: what the
-CPU kernel reads (w4cli/cpu/kernel.py), and what unpacks into an UnpackedLinear for the reference.
+CPU kernel reads (w4cli/cpu/kernel.py); formats/reference.py unpacks it for the reference.
 
 The zero points and scales are 1/G of the weights, so unpacking them first costs nothing; the
 weights stay in the words the checkpoint holds, one of three layouts (K = in_features,
@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from w4cli.formats.unpacked import UnpackedLinear
-
 # the kernel's layout numbers (kernels/cpu/dequant_w4_cpu.cpp, enum Layout)
 AWQ, K_IN_COLUMNS, K_IN_ROWS = 0, 1, 2
 
@@ -30,17 +28,3 @@ class PackedLinear:
     zeros: torch.Tensor  # [N, groups] uint8 0..15, contiguous
     scales: torch.Tensor  # [N, groups] float16 | bfloat16, contiguous
     g_idx: torch.Tensor | None = None  # [K] int64; None: contiguous groups of K / groups
-
-    def codes(self) -> torch.Tensor:
-        """[N, K] uint8: each format's own unpacking."""
-        from w4cli.formats import awq_gemm, compressed_tensors, gptq
-
-        if self.layout == AWQ:
-            # transposed as one-byte codes rather than as the 2- or 4-byte results
-            return awq_gemm.unpack(self.words).t().contiguous()
-        if self.layout == K_IN_COLUMNS:
-            return gptq.unpack_qweight(self.words)
-        return compressed_tensors.unpack_weight(self.words, self.shape[1])
-
-    def unpack(self) -> UnpackedLinear:
-        return UnpackedLinear(self.codes(), self.zeros, self.scales, self.g_idx)

@@ -1,7 +1,7 @@
 """One linear's int4 weights once unpacked from its layout: the dequantization every format shares.
 
 Each format module (awq_gemm, gptq, compressed_tensors) reads its tensors into a PackedLinear
-(formats/packed.py), which unpacks into an UnpackedLinear (K = in_features, N = out_features,
+(formats/packed.py), which formats/reference.py unpacks into an UnpackedLinear (K = in_features, N = out_features,
 G = group size):
 
     codes   [N, K]       uint8    0..15, nn.Linear orientation
@@ -56,16 +56,6 @@ class UnpackedLinear:
             exact = self.codes[rows].to(torch.float32).sub_(zeros[rows][:, self.g_idx]).mul_(scales[rows][:, self.g_idx])
             out[rows] = exact
         return out
-
-    def to_awq(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]) in the AWQ gemm layout, the one the
-        kernels and w4-gemv take: the same weights, losslessly. Only for contiguous groups (g_idx
-        None) and N a multiple of 8; callers check both (repack refuses, dequantize falls back)."""
-        from w4cli.formats import awq_gemm
-
-        if self.g_idx is not None:
-            raise ValueError("a permuting g_idx has no AWQ gemm form")
-        return awq_gemm.pack(self.codes.t()), awq_gemm.pack(self.zeros.t()), self.scales.t().contiguous()
 
 
 def identity_groups(g_idx: torch.Tensor, group_size: int) -> bool:
