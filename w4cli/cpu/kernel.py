@@ -3,7 +3,7 @@
 `w4 dequantize` on a CPU runs it; where it cannot be built (no C++ compiler, no Python headers, no
 ninja) `dequantizer()` says so in one line and hands back the pure-torch reference, which gives
 the same bits, slower. The build goes through torch.utils.cpp_extension.load, like the CUDA
-kernels' (w4cli/kernels.py, whose cache root and build lock it shares), into
+kernels' (w4cli/gpu/kernels.py, whose build_or_load it shares: cache root, lock, log), into
 
     $XDG_CACHE_HOME/w4/kernels/cpu-<key>   (default ~/.cache/w4/kernels/cpu-<key>)
 
@@ -50,53 +50,17 @@ def cache_key() -> str:
     return h.hexdigest()[:20]
 
 
-def _ninja_on_path() -> None:
-    """torch runs `ninja` by name; the pip package's binary sits in the venv's bin/, which is on
-    PATH only in an activated venv."""
-    try:
-        import ninja
-    except ImportError:
-        return
-    bin_dir = getattr(ninja, "BIN_DIR", None)
-    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-
-
 def load() -> Any:
     """Build (first time, about 30 s) or load (cached) the module; EnvironmentUnavailable if impossible."""
     global _module
-    if _module is not None:
-        return _module
-    from torch.utils import cpp_extension
+    if _module is None:
+        from w4cli.gpu.kernels import build_or_load, require_ninja
 
-    from w4cli.gpu.kernels import _BuildLock, cache_root, remove_stale_torch_lock
-
-    _ninja_on_path()
-    if not cpp_extension.is_ninja_available():
-        raise EnvironmentUnavailable("ninja not found (torch's JIT build needs it: pip install ninja)")
-    key = cache_key()
-    name = f"w4_cpu_{key}"
-    build_dir = cache_root() / f"cpu-{key}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with _BuildLock(cache_root() / f"cpu-{key}.lock"):
-        remove_stale_torch_lock(build_dir)
-        try:
-            if any(build_dir.glob(f"{name}*.so")):
-                module = _jit_load(name, build_dir)
-            else:
-                from w4cli.console import stderr as console
-
-                with console.status(f"Building w4's CPU kernel (first run, about 30 s) in {build_dir}", spinner="dots"):
-                    module = _jit_load(name, build_dir)
-        except Exception as exc:  # noqa: BLE001 - any build failure is an environment problem
-            log = build_dir / "build.log"
-            try:
-                log.write_text(f"{type(exc).__name__}: {exc}\n")
-            except OSError:
-                log = Path("<unwritable>")
-            raise EnvironmentUnavailable(f"building w4's CPU kernel failed; compiler log: {log}") from exc
-    _module = module
-    return module
+        require_ninja()
+        key = cache_key()
+        _module = build_or_load(f"cpu-{key}", f"w4_cpu_{key}", "w4's CPU kernel",
+                                "Building w4's CPU kernel (first run, about 30 s)", _jit_load)
+    return _module
 
 
 def _jit_load(name: str, build_dir: Path) -> Any:

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,25 +188,63 @@ def _is_built(build_dir: Path, name: str) -> bool:
     return any(build_dir.glob(f"{name}*.so"))
 
 
+def require_ninja() -> None:
+    """torch's JIT build runs `ninja` by name. The pip package (a dependency of w4) puts its binary
+    in the venv's bin/, which is on PATH only in an activated venv: add it. EnvironmentUnavailable
+    when there is no ninja at all."""
+    from torch.utils import cpp_extension
+
+    try:
+        import ninja
+
+        bin_dir = getattr(ninja, "BIN_DIR", None)
+    except ImportError:
+        bin_dir = None
+    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    if not cpp_extension.is_ninja_available():
+        raise EnvironmentUnavailable("ninja not found (torch's JIT build needs it: pip install ninja)")
+
+
+def build_or_load(key: str, name: str, label: str, building: str, jit_load: Callable[[str, Path], Any]) -> Any:
+    """The extension `name` from its build directory cache_root()/key: jit_load(name, build_dir)
+    loads it, building it first where it is not there (a Rich spinner on stderr says `building`),
+    all under the build lock. A failed build raises EnvironmentUnavailable in one line naming
+    `label` and the log it left (`<build dir>/build.log`)."""
+    build_dir = cache_root() / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _BuildLock(cache_root() / f"{key}.lock"):
+        remove_stale_torch_lock(build_dir)
+        try:
+            if _is_built(build_dir, name):
+                return jit_load(name, build_dir)
+            from w4cli.console import stderr as console
+
+            with console.status(f"{building} in {build_dir}", spinner="dots"):
+                return jit_load(name, build_dir)
+        except Exception as exc:  # noqa: BLE001 - any build failure is an environment problem
+            log = build_dir / "build.log"
+            try:
+                log.write_text(f"{type(exc).__name__}: {exc}\n")
+            except OSError:
+                log = Path("<unwritable>")
+            raise EnvironmentUnavailable(f"building {label} failed; compiler log: {log}") from exc
+
+
 def load() -> Any:
     """Build (first time) or load (cached) the kernels module; raise EnvironmentUnavailable if impossible."""
     global _module
     if _module is not None:
         return _module
-    from torch.utils import cpp_extension
 
     major, minor = _gpu_arch()
     nvcc = _nvcc_path()
     if nvcc is None:
         raise EnvironmentUnavailable("nvcc not found (torch.utils.cpp_extension.CUDA_HOME is not set); install the CUDA toolkit")
-    if not cpp_extension.is_ninja_available():
-        raise EnvironmentUnavailable("ninja not found (torch's JIT build needs it: pip install ninja)")
+    require_ninja()
 
     arch = f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")  # sm_90a: wgmma
     key = cache_key(arch, nvcc_version=_nvcc_version(nvcc))
-    name = _extension_name(key)
-    build_dir = cache_root() / key
-    build_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(max(1, min(8, os.cpu_count() or 1))))
 
     cuda_flags = [
@@ -213,27 +252,10 @@ def load() -> Any:
         f"-gencode=arch=compute_{arch},code=sm_{arch}",  # this GPU only; no --use_fast_math (bit-exactness)
         "-lineinfo",
     ]
-    with _BuildLock(cache_root() / f"{key}.lock"):
-        remove_stale_torch_lock(build_dir)
-        cached = _is_built(build_dir, name)
-        try:
-            if cached:
-                module = _jit_load(name, build_dir, cuda_flags)
-            else:
-                from w4cli.console import stderr as console
-
-                what = f"Building w4 CUDA kernels for sm_{arch} (first run, about a minute) in {build_dir}"
-                with console.status(what, spinner="dots"):
-                    module = _jit_load(name, build_dir, cuda_flags)
-        except Exception as exc:  # noqa: BLE001 - any build failure is an environment problem
-            log = build_dir / "build.log"
-            try:
-                log.write_text(f"{type(exc).__name__}: {exc}\n")
-            except OSError:
-                log = Path("<unwritable>")
-            raise EnvironmentUnavailable(f"building the w4 CUDA kernels failed; compiler log: {log}") from exc
-    _module = module
-    return module
+    _module = build_or_load(key, _extension_name(key), "the w4 CUDA kernels",
+                            f"Building w4 CUDA kernels for sm_{arch} (first run, about a minute)",
+                            lambda name, build_dir: _jit_load(name, build_dir, cuda_flags))
+    return _module
 
 
 def _jit_load(name: str, build_dir: Path, cuda_flags: list[str]) -> Any:
