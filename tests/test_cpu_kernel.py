@@ -84,6 +84,7 @@ CASES = [
     (AWQ, 72, 1032, 8, False),  # a row tail of 8, a k tail of 8 after two tiles, 129 groups
     (AWQ, 136, 96, 32, False),
     (AWQ, 64, 520, 520, False),  # one group across the tile edge
+    (AWQ, 16, 100, 20, False),  # K not a multiple of 8: the last 4 rows of words take the scalar unpacking
     (K_IN_COLUMNS, 13, 1040, 16, False),  # GPTQ, N not a multiple of 8
     (K_IN_COLUMNS, 130, 520, 520, False),
     (K_IN_COLUMNS, 13, 96, 32, True),  # act-order
