@@ -1,0 +1,154 @@
+"""Tiny Llama and Qwen2 checkpoints for the GGUF tests, as a quantizer would leave them: random
+normal weights quantized per group of 32 the way AWQ does it (min-max of the group, zero point
+rounded, so the codes crowd the middle of 0..15), stored as AWQ gemm or GPTQ (asymmetric, or
+symmetric with zero point 8), with a byte-level BPE tokenizer trained here on a fixed text, its
+pre-tokenizer the one the real model family uses.
+
+Files are written by tests/awq_builder.py and tests/gptq_builder.py, independently of w4cli.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tests.awq_builder import Checkpoint, Layer
+from tests.gptq_builder import GptqLayer, gptq_config
+
+GROUP = 128  # the common group size: each group is 4 GGUF blocks
+LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. It's 42 degrees and we've been told 1234 times.",
+    "Int4 checkpoints on the Hub are AWQ, GPTQ or compressed-tensors; llama.cpp runs GGUF files.",
+    "A group of 32 weights shares one scale and one zero point, so the codes fit GGUF's blocks.",
+    "Hello, world! Hello again, worlds: héllo wörld, naïve café, 日本語のテキスト, and some emoji 🦙.",
+]
+PROMPT = "The quick brown llama.cpp fox runs GGUF files, 2024 times: héllo!"
+
+FAMILIES = {
+    "llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "split": LLAMA3_SPLIT,
+        "special": ["<|begin_of_text|>", "<|end_of_text|>"],
+        "bias": False,
+    },
+    "qwen2": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "split": QWEN2_SPLIT,
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bias": True,
+    },
+}
+
+
+def train_tokenizer(split: str, special: list[str], vocab_size: int = 400) -> str:
+    """A byte-level BPE tokenizer.json: split by the family's regex, then bytes to GPT-2's
+    printable alphabet, merges learned from CORPUS."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    return tokenizer.to_str()
+
+
+def _quantize(weight: torch.Tensor, sym: bool) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """weight [N, K] -> codes [K, N], zeros [K/G, N], scales [K/G, N] fp16: AWQ's min-max rule
+    (asymmetric) or a max-abs rule around 8 (symmetric)."""
+    n, k = weight.shape
+    w = weight.float().t().reshape(k // GROUP, GROUP, n)
+    if sym:
+        scales = (w.abs().amax(dim=1).clamp(min=1e-5) / 7.5).half()
+        zeros = torch.full_like(scales, 8, dtype=torch.float32)
+    else:
+        hi, lo = w.amax(dim=1), w.amin(dim=1)
+        scales = ((hi - lo).clamp(min=1e-5) / 15).half()
+        zeros = (-torch.round(lo / scales.float())).clamp(0, 15)
+    codes = (torch.round(w / scales.float().unsqueeze(1)) + zeros.unsqueeze(1)).clamp(0, 15)
+    return codes.reshape(k, n).to(torch.uint8).numpy(), zeros.to(torch.uint8).numpy(), scales
+
+
+def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = False, seed: int = 0,
+          layers: int = 3, extra_config: dict | None = None) -> Path:
+    """A tiny `family` checkpoint quantized as `fmt` ("awq" or "gptq") into `directory`."""
+    spec = FAMILIES[family]
+    tokenizer_json = train_tokenizer(spec["split"], spec["special"])
+    vocab = len(json.loads(tokenizer_json)["model"]["vocab"])
+    hidden, inter, heads, kv_heads, head_dim = 128, 256, 4, 2, 32
+    config = {
+        "architectures": spec["architectures"],
+        "model_type": spec["model_type"],
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "vocab_size": vocab + 3,  # a few ids the tokenizer does not use: GGUF pads them
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "torch_dtype": "float16",
+        **(extra_config or {}),
+    }
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int, std: float = 0.08) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * std).half()
+
+    plain = {"model.embed_tokens.weight": normal(config["vocab_size"], hidden, std=0.5)}
+    shapes = {
+        "self_attn.q_proj": (heads * head_dim, hidden),
+        "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden),
+        "self_attn.o_proj": (hidden, heads * head_dim),
+        "mlp.gate_proj": (inter, hidden),
+        "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
+    }
+    quantized = []
+    for i in range(layers):
+        base = f"model.layers.{i}"
+        plain[f"{base}.input_layernorm.weight"] = (1 + normal(hidden, std=0.1)).half()
+        plain[f"{base}.post_attention_layernorm.weight"] = (1 + normal(hidden, std=0.1)).half()
+        for name, (n, k) in shapes.items():
+            bias = normal(n, std=0.1) if spec["bias"] and name[-6:] in ("q_proj", "k_proj", "v_proj") else None
+            codes, zeros, scales = _quantize(normal(n, k, std=1 / k**0.5), sym)
+            if fmt == "awq":
+                quantized.append(Layer(f"{base}.{name}", k, n, GROUP, codes, zeros, scales, bias))
+            else:
+                g_idx = (np.arange(k) // GROUP).astype(np.int32)
+                quantized.append(GptqLayer(f"{base}.{name}", k, n, GROUP, codes, zeros, scales, g_idx, True, bias))
+    plain["model.norm.weight"] = (1 + normal(hidden, std=0.1)).half()
+    plain["lm_head.weight"] = normal(config["vocab_size"], hidden, std=0.5)
+    checkpoint = Checkpoint(quantized, plain, group_size=GROUP)  # type: ignore[arg-type]
+    checkpoint.config = dict(config)
+    if fmt == "gptq":
+        checkpoint.config["quantization_config"] = gptq_config(GROUP, sym=sym)
+    special = spec["special"]
+    tokenizer_config = {
+        "bos_token": special[0],
+        "eos_token": special[1],
+        "add_bos_token": family == "llama",
+        "chat_template": "{% for m in messages %}" + special[-2] + "{{ m['role'] }}\n{{ m['content'] }}" + special[-1] + "{% endfor %}",
+    }
+    extra = {
+        "tokenizer.json": tokenizer_json,
+        "tokenizer_config.json": json.dumps(tokenizer_config),
+        "README.md": "---\nlicense: apache-2.0\ntags:\n- test\n---\n# tiny test model\n",
+    }
+    return checkpoint.write(directory, extra_files=extra)
