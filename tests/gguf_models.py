@@ -79,14 +79,32 @@ def _quantize(weight: torch.Tensor, sym: bool) -> tuple[np.ndarray, np.ndarray, 
     return codes.reshape(k, n).to(torch.uint8).numpy(), zeros.to(torch.uint8).numpy(), scales
 
 
-def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = False, seed: int = 0,
-          layers: int = 3, extra_config: dict | None = None) -> Path:
-    """A tiny `family` checkpoint quantized as `fmt` ("awq" or "gptq") into `directory`."""
+def tokenizer_files(family: str) -> dict[str, str]:
+    """tokenizer.json (trained), tokenizer_config.json with special tokens and a chat template, and
+    a model card, for a checkpoint of `family`."""
     spec = FAMILIES[family]
-    tokenizer_json = train_tokenizer(spec["split"], spec["special"])
-    vocab = len(json.loads(tokenizer_json)["model"]["vocab"])
-    hidden, inter, heads, kv_heads, head_dim = 128, 256, 4, 2, 32
-    config = {
+    special = spec["special"]
+    tokenizer_config = {
+        "bos_token": special[0],
+        "eos_token": special[1],
+        "add_bos_token": family == "llama",
+        "chat_template": "{% for m in messages %}" + special[-2] + "{{ m['role'] }}\n{{ m['content'] }}" + special[-1] + "{% endfor %}",
+    }
+    return {
+        "tokenizer.json": train_tokenizer(spec["split"], special),
+        "tokenizer_config.json": json.dumps(tokenizer_config),
+        "README.md": "---\nlicense: apache-2.0\ntags:\n- test\n---\n# tiny test model\n",
+    }
+
+
+def vocab_size(files: dict[str, str]) -> int:
+    """The trained vocabulary and a few ids the tokenizer does not use (GGUF pads them)."""
+    return len(json.loads(files["tokenizer.json"])["model"]["vocab"]) + 3
+
+
+def model_config(family: str, vocab: int, layers: int = 3, hidden: int = 128, inter: int = 256, heads: int = 4, kv_heads: int = 2) -> dict:
+    spec = FAMILIES[family]
+    return {
         "architectures": spec["architectures"],
         "model_type": spec["model_type"],
         "hidden_size": hidden,
@@ -99,12 +117,21 @@ def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = 
         "rope_theta": 10000.0,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
-        "vocab_size": vocab + 3,  # a few ids the tokenizer does not use: GGUF pads them
+        "vocab_size": vocab,
         "bos_token_id": 0,
         "eos_token_id": 1,
         "torch_dtype": "float16",
-        **(extra_config or {}),
     }
+
+
+def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = False, seed: int = 0,
+          layers: int = 3, extra_config: dict | None = None) -> Path:
+    """A tiny `family` checkpoint quantized as `fmt` ("awq" or "gptq") into `directory`."""
+    spec = FAMILIES[family]
+    files = tokenizer_files(family)
+    hidden, inter, heads, kv_heads = 128, 256, 4, 2
+    head_dim = hidden // heads
+    config = {**model_config(family, vocab_size(files), layers, hidden, inter, heads, kv_heads), **(extra_config or {})}
     g = torch.Generator().manual_seed(seed)
 
     def normal(*shape: int, std: float = 0.08) -> torch.Tensor:
@@ -139,16 +166,14 @@ def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = 
     checkpoint.config = dict(config)
     if fmt == "gptq":
         checkpoint.config["quantization_config"] = gptq_config(GROUP, sym=sym)
-    special = spec["special"]
-    tokenizer_config = {
-        "bos_token": special[0],
-        "eos_token": special[1],
-        "add_bos_token": family == "llama",
-        "chat_template": "{% for m in messages %}" + special[-2] + "{{ m['role'] }}\n{{ m['content'] }}" + special[-1] + "{% endfor %}",
-    }
-    extra = {
-        "tokenizer.json": tokenizer_json,
-        "tokenizer_config.json": json.dumps(tokenizer_config),
-        "README.md": "---\nlicense: apache-2.0\ntags:\n- test\n---\n# tiny test model\n",
-    }
-    return checkpoint.write(directory, extra_files=extra)
+    return checkpoint.write(directory, extra_files=files)
+
+
+def as_llama(checkpoint: Checkpoint, directory: Path, shards: dict[str, list[str]] | None = None) -> Path:
+    """A builder checkpoint (tests/awq_builder.py, gptq_builder.py, ct_builder.py) with what a GGUF
+    needs besides its tensors: a Llama config (its quantization config kept) and a tokenizer. Its
+    shapes need not make a model llama.cpp can run: tensor-level tests read the file back."""
+    files = tokenizer_files("llama")
+    layers = 1 + max(int(n.split(".")[2]) for n in checkpoint.all_tensors() if n.startswith("model.layers."))
+    checkpoint.config = {**model_config("llama", vocab_size(files), layers=layers, hidden=64, inter=96), **checkpoint.config}
+    return checkpoint.write(directory, shards=shards, extra_files=files)
