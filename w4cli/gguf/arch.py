@@ -55,7 +55,7 @@ def architecture(config: dict[str, Any]) -> Architecture:
     return ARCHITECTURES[name]
 
 
-def _int(config: dict[str, Any], key: str) -> int:
+def positive_int(config: dict[str, Any], key: str) -> int:
     value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise InputRefused(f"config.json {key} is {value!r}; a positive integer is needed for GGUF")
@@ -63,12 +63,12 @@ def _int(config: dict[str, Any], key: str) -> int:
 
 
 def heads(config: dict[str, Any]) -> tuple[int, int]:
-    n_head = _int(config, "num_attention_heads")
+    n_head = positive_int(config, "num_attention_heads")
     return n_head, config.get("num_key_value_heads") or n_head
 
 
 def head_dim(config: dict[str, Any]) -> int:
-    return config.get("head_dim") or _int(config, "hidden_size") // _int(config, "num_attention_heads")
+    return config.get("head_dim") or positive_int(config, "hidden_size") // positive_int(config, "num_attention_heads")
 
 
 def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
@@ -83,10 +83,10 @@ def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
 
 def write_hparams(writer: gguf.GGUFWriter, config: dict[str, Any], arch: Architecture) -> None:
     """The hyperparameter keys llama.cpp reads for `arch`, from config.json."""
-    writer.add_block_count(_int(config, "num_hidden_layers"))
-    writer.add_context_length(_int(config, "max_position_embeddings"))
-    writer.add_embedding_length(_int(config, "hidden_size"))
-    writer.add_feed_forward_length(_int(config, "intermediate_size"))
+    writer.add_block_count(positive_int(config, "num_hidden_layers"))
+    writer.add_context_length(positive_int(config, "max_position_embeddings"))
+    writer.add_embedding_length(positive_int(config, "hidden_size"))
+    writer.add_feed_forward_length(positive_int(config, "intermediate_size"))
     n_head, n_head_kv = heads(config)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
@@ -98,7 +98,7 @@ def write_hparams(writer: gguf.GGUFWriter, config: dict[str, Any], arch: Archite
         writer.add_value_length(config["head_dim"])
     _write_rope_scaling(writer, rope)
     if arch.arch == gguf.MODEL_ARCH.LLAMA:
-        writer.add_vocab_size(_int(config, "vocab_size"))
+        writer.add_vocab_size(positive_int(config, "vocab_size"))
         writer.add_rope_dimension_count(head_dim(config))
 
 
@@ -149,7 +149,7 @@ class TensorNames:
     """Hugging Face tensor name -> GGUF tensor name, by the gguf package's map for the architecture."""
 
     def __init__(self, arch: Architecture, config: dict[str, Any]):
-        self.map = gguf.get_tensor_name_map(arch.arch, _int(config, "num_hidden_layers"))
+        self.map = gguf.get_tensor_name_map(arch.arch, positive_int(config, "num_hidden_layers"))
         self.arch = arch
         self.heads = heads(config)
 

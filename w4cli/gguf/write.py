@@ -15,11 +15,11 @@ import gguf
 import numpy as np
 
 from w4cli.console import byte_progress
-from w4cli.gguf.arch import Architecture, write_hparams
+from w4cli.gguf.arch import Architecture, positive_int, write_hparams
 from w4cli.gguf.metadata import staged, write_general
 from w4cli.gguf.output_file import OutputFile
 from w4cli.gguf.plan import GgufTensor, file_type
-from w4cli.gguf.tokenizer import write_tokenizer
+from w4cli.gguf.tokenizer import Vocabulary, write_tokenizer
 from w4cli.layers import QuantModel
 
 
@@ -44,6 +44,22 @@ class GgufReport:
         }
 
 
+def prepared_writer(model: QuantModel, arch: Architecture, tensors: list[GgufTensor], name: str, repo_id: str | None,
+                    provenance: dict[str, str], split_max_size: int = 0) -> tuple[gguf.GGUFWriter, Vocabulary]:
+    """A GGUFWriter holding every key and tensor info of the file, no data: what `w4 gguf` writes
+    and what `w4 verify OUT.gguf --against MODEL` expects."""
+    config = model.checkpoint.config
+    writer = gguf.GGUFWriter(None, arch.name, split_max_size=split_max_size)
+    for t in tensors:
+        writer.add_tensor_info(t.name, t.byte_shape, np.dtype(np.uint8), t.nbytes, raw_dtype=t.qtype)
+    with staged(model.checkpoint.root, name) as staged_dir:
+        write_general(writer, staged_dir, name, provenance, repo_id)
+        write_hparams(writer, config, arch)
+        writer.add_file_type(file_type(tensors))
+        vocab = write_tokenizer(writer, staged_dir, positive_int(config, "vocab_size"))
+    return writer, vocab
+
+
 def write_gguf(
     model: QuantModel,
     arch: Architecture,
@@ -55,16 +71,9 @@ def write_gguf(
     split_max_size: int,
 ) -> GgufReport:
     start = time.perf_counter()
-    config = model.checkpoint.config
-    writer = gguf.GGUFWriter(None, arch.name, split_max_size=split_max_size)
-    for t in tensors:
-        writer.add_tensor_info(t.name, t.byte_shape, np.dtype(np.uint8), t.nbytes, raw_dtype=t.qtype)
-    with staged(model.checkpoint.root, name) as staged_dir:
-        write_general(writer, staged_dir, name, provenance, repo_id)
-        write_hparams(writer, config, arch)
-        writer.add_file_type(file_type(tensors))
-        vocab = write_tokenizer(writer, staged_dir, config["vocab_size"])
+    writer, vocab = prepared_writer(model, arch, tensors, name, repo_id, provenance, split_max_size)
     path = output.temp / output.target.name
+    output.check_replaceable([output.target.parent / p.name for p in writer.format_shard_names(path)])
     total = sum(t.nbytes for t in tensors)
     with output.writing():
         try:
