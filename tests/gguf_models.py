@@ -37,12 +37,27 @@ FAMILIES = {
         "special": ["<|begin_of_text|>", "<|end_of_text|>"],
         "bias": False,
     },
+    "mistral": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "split": LLAMA3_SPLIT,
+        "special": ["<s>", "</s>"],
+        "bias": False,
+    },
     "qwen2": {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
         "split": QWEN2_SPLIT,
         "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         "bias": True,
+    },
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "split": QWEN2_SPLIT,
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bias": False,
+        "qk_norm": True,  # RMSNorm over each head's q and k
     },
 }
 
@@ -87,7 +102,7 @@ def tokenizer_files(family: str) -> dict[str, str]:
     tokenizer_config = {
         "bos_token": special[0],
         "eos_token": special[1],
-        "add_bos_token": family == "llama",
+        "add_bos_token": family in ("llama", "mistral"),
         "chat_template": "{% for m in messages %}" + special[-2] + "{{ m['role'] }}\n{{ m['content'] }}" + special[-1] + "{% endfor %}",
     }
     return {
@@ -121,6 +136,7 @@ def model_config(family: str, vocab: int, layers: int = 3, hidden: int = 128, in
         "bos_token_id": 0,
         "eos_token_id": 1,
         "torch_dtype": "float16",
+        **({"head_dim": hidden // heads, "attention_bias": False} if spec.get("qk_norm") else {}),
     }
 
 
@@ -152,6 +168,9 @@ def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = 
         base = f"model.layers.{i}"
         plain[f"{base}.input_layernorm.weight"] = (1 + normal(hidden, std=0.1)).half()
         plain[f"{base}.post_attention_layernorm.weight"] = (1 + normal(hidden, std=0.1)).half()
+        if spec.get("qk_norm"):
+            plain[f"{base}.self_attn.q_norm.weight"] = (1 + normal(head_dim, std=0.1)).half()
+            plain[f"{base}.self_attn.k_norm.weight"] = (1 + normal(head_dim, std=0.1)).half()
         for name, (n, k) in shapes.items():
             bias = normal(n, std=0.1) if spec["bias"] and name[-6:] in ("q_proj", "k_proj", "v_proj") else None
             codes, zeros, scales = _quantize(normal(n, k, std=1 / k**0.5), sym)

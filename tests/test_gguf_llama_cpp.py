@@ -35,7 +35,8 @@ def tokenizer_cls():
 
 @pytest.mark.parametrize(
     "family,fmt,sym",
-    [("llama", "awq", False), ("llama", "gptq", False), ("qwen2", "awq", False), ("qwen2", "gptq", True)],
+    [("llama", "awq", False), ("llama", "gptq", False), ("qwen2", "awq", False), ("qwen2", "gptq", True),
+     ("mistral", "awq", False), ("qwen3", "gptq", False)],
 )
 def test_llama_cpp_round_trip(w4, tmp_path, tokenizer_cls, family, fmt, sym, record_property):
     import llama_cpp
@@ -48,7 +49,7 @@ def test_llama_cpp_round_trip(w4, tmp_path, tokenizer_cls, family, fmt, sym, rec
     ids = tokenizer_cls.from_pretrained(tmp_path / "dense")(PROMPT)["input_ids"]
     llm = llama_cpp_model(out)
     assert llm.tokenize(PROMPT.encode(), add_bos=False) == ids
-    assert llm.metadata["general.architecture"] == family
+    assert llm.metadata["general.architecture"] == {"mistral": "llama"}.get(family, family)
     llm.close()
 
     reference = transformers_logits(tmp_path / "dense", ids)
