@@ -148,3 +148,37 @@ def test_split_max_size(w4, tmp_path):
     names = [t.name for f in files for t in gguf.GGUFReader(f).tensors]
     assert names == [t.name for t in gguf.GGUFReader(whole).tensors]
     assert gguf.GGUFReader(files[0]).fields["split.count"].contents() == len(files)
+
+
+def test_a_stop_signal_while_writing_leaves_nothing_and_a_kill_is_cleaned_up_by_the_next_run(w4, tmp_path):
+    import signal
+
+    from tests.test_output_safety import start_w4, wait_for
+    from w4cli.errors import EXIT_INTERRUPTED
+
+    layers = [random_layer(f"model.layers.{i}.mlp.up_proj", 2048, 2048, 128, seed=i) for i in range(12)]
+    source = as_llama(Checkpoint(layers, _plain(), group_size=128), tmp_path / "m")
+    out = tmp_path / "out.gguf"
+
+    def writing() -> bool:
+        return any(tmp_path.glob("out.gguf.w4tmp-*/out.gguf"))
+
+    def temps() -> list[str]:
+        return sorted(p.name for p in tmp_path.iterdir() if ".w4tmp-" in p.name)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        proc = start_w4("gguf", source, out, cwd=tmp_path)
+        wait_for(proc, writing, "the GGUF file")
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == EXIT_INTERRUPTED, stderr
+        assert [line for line in stderr.splitlines() if line.startswith("error:")] == [f"error: interrupted; {out} was not written"]
+        assert not out.exists() and temps() == []
+
+    killed = start_w4("gguf", source, out, cwd=tmp_path)
+    wait_for(killed, writing, "the GGUF file")
+    killed.kill()
+    killed.communicate(timeout=60)
+    assert temps()  # what no clean-up could remove
+    assert w4("gguf", source, out).exit_code == 0
+    assert temps() == [] and out.exists()
