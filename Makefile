@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # the GPU machine's own interpreter, which already holds CUDA torch
 GPU_PYTHON ?= python3
 
-.PHONY: all demo test test-gpu kernels-check bench-stream bench-tensors clean
+.PHONY: all demo test test-gpu kernels-check bench-stream bench-gguf bench-tensors clean
 
 all: test
 
@@ -45,6 +45,10 @@ kernels-check:
 # streaming memory and throughput on a synthetic Llama-7B-shaped checkpoint (docs/performance.md)
 bench-stream: $(STAMP)
 	$(BIN)/python tests/perf_dequantize_stream.py
+
+# time and memory of w4 gguf against w4 dequantize on the same 7B-shaped AWQ checkpoint (docs/performance.md)
+bench-gguf: $(STAMP)
+	$(BIN)/python tests/perf_gguf_stream.py
 
 # time and memory of dequantize and verify on 100,000 small tensors (an MoE's count; docs/performance.md)
 bench-tensors: $(STAMP)
