@@ -44,6 +44,16 @@ FAMILIES = {
         "special": ["<s>", "</s>"],
         "bias": False,
     },
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "split": LLAMA3_SPLIT,
+        "special": ["<s>", "</s>"],
+        "bias": False,
+        # routed experts: where they sit, their projections (gate, up, down), the router's name
+        "moe": ("block_sparse_moe", ("w1", "w3", "w2"), "gate"),
+        "config": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    },
     "qwen2": {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
@@ -58,6 +68,28 @@ FAMILIES = {
         "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         "bias": False,
         "qk_norm": True,  # RMSNorm over each head's q and k
+    },
+    "qwen2moe": {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "split": QWEN2_SPLIT,
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bias": True,
+        "moe": ("mlp", ("gate_proj", "up_proj", "down_proj"), "gate"),
+        "shared_expert": True,  # mlp.shared_expert.*_proj and its sigmoid gate mlp.shared_expert_gate
+        "config": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
+                   "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    },
+    "qwen3moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "split": QWEN2_SPLIT,
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bias": False,
+        "qk_norm": True,
+        "moe": ("mlp", ("gate_proj", "up_proj", "down_proj"), "gate"),
+        "config": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "norm_topk_prob": True,
+                   "decoder_sparse_step": 1, "mlp_only_layers": []},
     },
 }
 
@@ -137,6 +169,7 @@ def model_config(family: str, vocab: int, layers: int = 3, hidden: int = 128, in
         "eos_token_id": 1,
         "torch_dtype": "float16",
         **({"head_dim": hidden // heads, "attention_bias": False} if spec.get("qk_norm") else {}),
+        **spec.get("config", {}),
     }
 
 
@@ -171,7 +204,23 @@ def build(directory: Path, family: str = "llama", fmt: str = "awq", sym: bool = 
         if spec.get("qk_norm"):
             plain[f"{base}.self_attn.q_norm.weight"] = (1 + normal(head_dim, std=0.1)).half()
             plain[f"{base}.self_attn.k_norm.weight"] = (1 + normal(head_dim, std=0.1)).half()
-        for name, (n, k) in shapes.items():
+        layer_shapes = dict(shapes)
+        if "moe" in spec:
+            where, (gate, up, down), router = spec["moe"]
+            ffn = config.get("moe_intermediate_size", inter)
+            for name in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                del layer_shapes[name]
+            experts = config.get("num_local_experts") or config["num_experts"]
+            for e in range(experts):
+                layer_shapes.update({f"{where}.experts.{e}.{gate}": (ffn, hidden), f"{where}.experts.{e}.{up}": (ffn, hidden),
+                                     f"{where}.experts.{e}.{down}": (hidden, ffn)})
+            plain[f"{base}.{where}.{router}.weight"] = normal(experts, hidden, std=0.5)
+            if spec.get("shared_expert"):
+                shared = config["shared_expert_intermediate_size"]
+                layer_shapes.update({"mlp.shared_expert.gate_proj": (shared, hidden), "mlp.shared_expert.up_proj": (shared, hidden),
+                                     "mlp.shared_expert.down_proj": (hidden, shared)})
+                plain[f"{base}.mlp.shared_expert_gate.weight"] = normal(1, hidden, std=0.5)
+        for name, (n, k) in layer_shapes.items():
             bias = normal(n, std=0.1) if spec["bias"] and name[-6:] in ("q_proj", "k_proj", "v_proj") else None
             codes, zeros, scales = _quantize(normal(n, k, std=1 / k**0.5), sym)
             if fmt == "awq":

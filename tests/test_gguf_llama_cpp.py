@@ -13,6 +13,11 @@ dequantized weights requantized to the same block type by llama.cpp's own quanti
 user has without w4) carries that and a second weight rounding: with groups of 128 each block
 takes its own min-max grid instead of the group's, about 10x the distance (about 20%); the test
 asks for at least 3x.
+
+Mixtral, Qwen2-MoE (with its shared expert) and Qwen3-MoE (4 experts, top 2, stacked as llama.cpp
+stacks them) land at 2-2.5%: the router's top-2 choice is not continuous, so an activation rounding
+at a near tie could move a token to another expert; these seeds have no such tie, and the bound is
+the same.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def tokenizer_cls():
 @pytest.mark.parametrize(
     "family,fmt,sym",
     [("llama", "awq", False), ("llama", "gptq", False), ("qwen2", "awq", False), ("qwen2", "gptq", True),
-     ("mistral", "awq", False), ("qwen3", "gptq", False)],
+     ("mistral", "awq", False), ("qwen3", "gptq", False), ("mixtral", "awq", False), ("qwen2moe", "gptq", False), ("qwen3moe", "awq", False)],
 )
 def test_llama_cpp_round_trip(w4, tmp_path, tokenizer_cls, family, fmt, sym, record_property):
     import llama_cpp
@@ -49,7 +54,7 @@ def test_llama_cpp_round_trip(w4, tmp_path, tokenizer_cls, family, fmt, sym, rec
     ids = tokenizer_cls.from_pretrained(tmp_path / "dense")(PROMPT)["input_ids"]
     llm = llama_cpp_model(out)
     assert llm.tokenize(PROMPT.encode(), add_bos=False) == ids
-    assert llm.metadata["general.architecture"] == {"mistral": "llama"}.get(family, family)
+    assert llm.metadata["general.architecture"] == {"mistral": "llama", "mixtral": "llama"}.get(family, family)
     llm.close()
 
     reference = transformers_logits(tmp_path / "dense", ids)

@@ -35,8 +35,11 @@ ARCHITECTURES = {
     for a in (
         Architecture("LlamaForCausalLM", gguf.MODEL_ARCH.LLAMA, True),
         Architecture("MistralForCausalLM", gguf.MODEL_ARCH.LLAMA, True),
+        Architecture("MixtralForCausalLM", gguf.MODEL_ARCH.LLAMA, True),
         Architecture("Qwen2ForCausalLM", gguf.MODEL_ARCH.QWEN2, False),
+        Architecture("Qwen2MoeForCausalLM", gguf.MODEL_ARCH.QWEN2MOE, False),
         Architecture("Qwen3ForCausalLM", gguf.MODEL_ARCH.QWEN3, False),
+        Architecture("Qwen3MoeForCausalLM", gguf.MODEL_ARCH.QWEN3MOE, False),
     )
 }
 # tensors Hugging Face checkpoints carry that llama.cpp computes itself
@@ -71,6 +74,14 @@ def head_dim(config: dict[str, Any]) -> int:
     return config.get("head_dim") or positive_int(config, "hidden_size") // positive_int(config, "num_attention_heads")
 
 
+def expert_count(config: dict[str, Any]) -> int:
+    """Routed experts per MoE layer (Mixtral: num_local_experts; Qwen MoE: num_experts); 0: dense."""
+    for key in ("num_local_experts", "num_experts"):
+        if config.get(key):
+            return positive_int(config, key)
+    return 0
+
+
 def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
     """rope_scaling (rope_parameters in newer configs), with rope_theta where the config keeps it
     beside it."""
@@ -97,6 +108,14 @@ def write_hparams(writer: gguf.GGUFWriter, config: dict[str, Any], arch: Archite
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     _write_rope_scaling(writer, rope)
+    experts = expert_count(config)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(positive_int(config, "num_experts_per_tok"))
+    if "moe_intermediate_size" in config:
+        writer.add_expert_feed_forward_length(positive_int(config, "moe_intermediate_size"))
+    if "shared_expert_intermediate_size" in config:
+        writer.add_expert_shared_feed_forward_length(positive_int(config, "shared_expert_intermediate_size"))
     if arch.arch == gguf.MODEL_ARCH.LLAMA:
         writer.add_vocab_size(positive_int(config, "vocab_size"))
         writer.add_rope_dimension_count(head_dim(config))

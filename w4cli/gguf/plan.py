@@ -6,6 +6,7 @@ here, while planning, before anything is written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups
 from w4cli.gguf import blocks
-from w4cli.gguf.arch import Architecture, TensorNames, extra_tensors, permute_rows
+from w4cli.gguf.arch import Architecture, TensorNames, expert_count, extra_tensors, permute_rows
 from w4cli.layers import QuantLinear, QuantModel
 from w4cli.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV
 
@@ -27,6 +28,10 @@ Q = gguf.GGMLQuantizationType
 BLOCK_TYPES = {blocks.Q4_0: Q.Q4_0, blocks.Q4_1: Q.Q4_1}
 FLOAT_TYPES = {torch.float32: Q.F32, torch.float16: Q.F16, torch.bfloat16: Q.BF16}
 OUTTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# one routed expert's linear: <base>.experts.<index>.<projection>
+EXPERT = re.compile(r"(?P<base>.+\.experts)\.(?P<index>[0-9]+)\.(?P<projection>[^.]+)")
+# routers, which llama.cpp's converter always writes in float32
+ROUTERS = (gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP)
 
 
 @dataclass
@@ -84,11 +89,12 @@ class Planner:
         self.model = model
         self.names = TensorNames(arch, model.checkpoint.config)
         self.outtype = OUTTYPES[outtype] if outtype else None
+        self.routers = {gguf.TENSOR_NAMES[t] for t in ROUTERS}
 
     def float_dtype(self, gguf_name: str, stored: torch.dtype, ndim: int) -> torch.dtype:
         """1-D tensors and norms in float32, as llama.cpp takes them (a widening: exact); other
         float tensors in --outtype, else their own dtype (float64 as float32)."""
-        if ndim <= 1 or gguf_name.endswith("_norm.weight"):
+        if ndim <= 1 or gguf_name.endswith("_norm.weight") or gguf_name.split(".")[-2] in self.routers:
             return torch.float32
         if self.outtype is not None:
             return self.outtype
@@ -108,6 +114,26 @@ class Planner:
 
         shape = (layer.out_features, layer.in_features // blocks.BLOCK * blocks.BLOCK_BYTES[qtype])
         return GgufTensor(name, layer.prefix, BLOCK_TYPES[qtype], shape, produce)
+
+    def experts(self, layers: list[QuantLinear], stacked: str) -> GgufTensor:
+        """A MoE layer's routed experts of one projection as one [experts, N, K] tensor, as
+        llama.cpp stacks them: expert e's blocks are the e-th [N, K] slice."""
+        name = self.names.gguf_name(stacked)
+        count = expert_count(self.model.checkpoint.config)
+        first = layers[0]
+        if len(layers) != count or any(layer.bias for layer in layers):
+            raise InputRefused(f"{stacked}: {len(layers)} experts where config.json has {count}, or an expert with a bias; llama.cpp stacks exactly that many, without biases")
+        qtypes = {_check_layer(self.model, layer) for layer in layers}
+        if len(qtypes) != 1 or any((l.in_features, l.out_features) != (first.in_features, first.out_features) for l in layers):
+            raise InputRefused(f"{stacked}: its experts differ in shape or block type, which one stacked GGUF tensor cannot hold")
+        qtype = qtypes.pop()
+        model = self.model
+
+        def produce() -> np.ndarray:
+            return np.stack([blocks.pack(unpacked(model, l, model.checkpoint.read(*l.tensor_names)), qtype, l.prefix) for l in layers])
+
+        shape = (count, first.out_features, first.in_features // blocks.BLOCK * blocks.BLOCK_BYTES[qtype])
+        return GgufTensor(name, stacked, BLOCK_TYPES[qtype], shape, produce)
 
     def plain(self, source: str) -> GgufTensor | None:
         name = self.names.gguf_name(source)
@@ -136,11 +162,22 @@ def plan_tensors(model: QuantModel, arch: Architecture, outtype: str | None) -> 
         first = next(iter(model.act_scales.values()))
         raise InputRefused(f"{first.name}: activation scales (AutoAWQ ScaledActivation) have no place in llama.cpp's graphs for these architectures")
     planner = Planner(model, arch, outtype)
+    experts: dict[str, list[QuantLinear]] = {}
+    for layer in model.layers.values():
+        if match := EXPERT.fullmatch(layer.prefix):
+            experts.setdefault(f"{match['base']}.{match['projection']}.weight", []).append(layer)
+    for group in experts.values():
+        group.sort(key=lambda layer: int(EXPERT.fullmatch(layer.prefix)["index"]))
+        if [int(EXPERT.fullmatch(layer.prefix)["index"]) for layer in group] != list(range(len(group))):
+            raise InputRefused(f"{group[0].prefix}: the experts are not numbered 0..{len(group) - 1}")
     out: list[GgufTensor] = []
     for name, value in extra_tensors(model.checkpoint.config).items():
         out.append(GgufTensor(name, "(computed)", Q.F32, (value.nbytes,), lambda value=value: value.view(np.uint8)))
     for kind, name in model.order:
-        if kind == "layer":
+        if kind == "layer" and (match := EXPERT.fullmatch(name)):
+            stacked = f"{match['base']}.{match['projection']}.weight"
+            planned = [planner.experts(experts[stacked], stacked)] if match["index"] == "0" else []
+        elif kind == "layer":
             layer = model.layers[name]
             planned = [planner.layer(layer), planner.plain(layer.bias) if layer.bias else None]
         else:
