@@ -36,7 +36,7 @@ Q4_1 = "Q4_1"
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20}
 SYMMETRIC_ZERO = 8  # Q4_0's implicit zero point
 FP16_MAX = 65504.0
-ROWS_PER_CHUNK = 1024  # rows packed per step: the temporaries stay a few MB for any K
+ROWS_PER_CHUNK = 256  # rows packed per step: the temporaries stay a few MB for any K
 WORKAROUND = "convert with `w4 dequantize`, then quantize with llama.cpp's llama-quantize"
 
 
@@ -66,9 +66,11 @@ def check_scales(prefix: str, scales: torch.Tensor, symmetric: bool) -> None:
         raise refusal(prefix, f"a scale above {FP16_MAX / 15:.0f} makes m = -z * s overflow fp16")
 
 
-def _per_block(values: torch.Tensor, blocks: int) -> torch.Tensor:
-    """[N, groups] -> [N, blocks]: each group's value repeated over its blocks."""
-    return values.repeat_interleave(blocks // values.shape[1], dim=1)
+# one block as numpy lays it out: GGUF's C structs (block_q4_0, block_q4_1), little-endian fp16
+BLOCK_DTYPES = {
+    Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", (BLOCK // 2,))]),
+    Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (BLOCK // 2,))]),
+}
 
 
 def pack(layer: UnpackedLinear, qtype: str, prefix: str) -> np.ndarray:
@@ -76,37 +78,22 @@ def pack(layer: UnpackedLinear, qtype: str, prefix: str) -> np.ndarray:
     if layer.g_idx is not None:
         raise refusal(prefix, "its g_idx permutes the groups (act-order)")
     n, k = layer.shape
-    blocks = k // BLOCK
-    check_shape(prefix, k, k // layer.zeros.shape[1])
-    out = np.empty((n, blocks * BLOCK_BYTES[qtype]), dtype=np.uint8)
-    view = torch.from_numpy(out).view(n, blocks, BLOCK_BYTES[qtype])
+    groups = layer.zeros.shape[1]
+    check_shape(prefix, k, k // groups)
+    per_group = k // groups // BLOCK  # blocks of one group
+    out = np.empty((n, groups, per_group), dtype=BLOCK_DTYPES[qtype])
     for start in range(0, n, ROWS_PER_CHUNK):
         rows = slice(start, min(n, start + ROWS_PER_CHUNK))
-        codes = layer.codes[rows].reshape(-1, blocks, BLOCK)
-        scales = _per_block(layer.scales[rows].to(torch.float32), blocks)
-        zeros = _per_block(layer.zeros[rows], blocks)
+        scales = layer.scales[rows].to(torch.float32)
+        zeros = layer.zeros[rows]
+        # every block of a group takes its d (and m): a broadcast over the group's blocks
+        out["d"][rows] = scales.to(torch.float16).numpy()[:, :, None]
         if qtype == Q4_0:
             if bool((zeros != SYMMETRIC_ZERO).any()):
                 raise refusal(prefix, "a zero point is not 8, which Q4_0 assumes")
-            header = [scales]
         else:
-            header = [scales, -zeros.to(torch.float32) * scales]  # exact in float32; rounded once below
-        for i, value in enumerate(header):
-            view[rows, :, 2 * i : 2 * i + 2] = value.to(torch.float16).view(torch.uint8).view(-1, blocks, 2)
-        low, high = codes[..., : BLOCK // 2], codes[..., BLOCK // 2 :]
-        view[rows, :, 2 * len(header) :] = low | (high << 4)
-    return out
-
-
-def dequantize(layer: UnpackedLinear, qtype: str) -> torch.Tensor:
-    """[N, K] float32: what GGUF's blocks for `layer` hold, computed from the codes, zeros and scales
-    by the mapping above (d * q + fp16(-z * s), or d * (q - 8)): the value w4 promises a block
-    dequantizes to."""
-    n, k = layer.shape
-    groups = layer.zeros.shape[1]
-    scales = layer.scales.to(torch.float32).repeat_interleave(k // groups, dim=1)
-    zeros = layer.zeros.to(torch.float32).repeat_interleave(k // groups, dim=1)
-    codes = layer.codes.to(torch.float32)
-    if qtype == Q4_0:
-        return scales * (codes - SYMMETRIC_ZERO)
-    return scales * codes + (-zeros * scales).to(torch.float16).to(torch.float32)
+            m = -zeros.to(torch.float32) * scales  # exact in float32; rounded once here
+            out["m"][rows] = m.to(torch.float16).numpy()[:, :, None]
+        codes = layer.codes[rows].numpy().reshape(-1, groups, per_group, BLOCK)
+        out["qs"][rows] = codes[..., : BLOCK // 2] | (codes[..., BLOCK // 2 :] << 4)
+    return out.view(np.uint8).reshape(n, -1)
