@@ -137,9 +137,13 @@ def test_compressed_tensors(w4, tmp_path, symmetric, group_size):
         check_blocks(tensors[name], *ct_expected(layer))
 
 
-def test_unquantized_tensors_keep_their_dtype(w4, tmp_path):
+def test_unquantized_tensors_keep_their_dtype(w4, tmp_path, monkeypatch):
     """Embeddings and lm_head as stored (F16, BF16), bit for bit; norms widened to F32 (exact), as
-    llama.cpp takes 1-D tensors; --outtype f32 widens the 2-D ones too."""
+    llama.cpp takes 1-D tensors; --outtype f32 widens the 2-D ones too. Streamed in pieces of a few
+    rows (a 2 GB embedding is never whole in memory), here 3 rows of 64 fp16 at a time."""
+    from w4cli.gguf import plan
+
+    monkeypatch.setattr(plan, "PIECE_BYTES", 3 * 64 * 2)
     plain = _plain()
     ckpt = Checkpoint([random_layer("model.layers.0.mlp.up_proj", 64, 32, 32, 8)], plain)
     source = as_llama(ckpt, tmp_path / "m")

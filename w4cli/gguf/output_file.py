@@ -1,9 +1,9 @@
 """OUT.gguf for one run of `w4 gguf`: the file (or, split, its OUT-0000i-of-0000n.gguf parts)
 appears only when complete, and never replaces what was not checked.
 
-As for an OUTPUT_DIR (w4cli/output_dir.py): before any work OUT is refused if it exists and --force
-was not given, or if --force would replace anything but a GGUF file; it is locked against other w4
-runs (OUT.w4tmp-lock); the files are written into a temporary sibling directory
+As for an OUTPUT_DIR (w4cli/output_dir.py, whose claim this reuses): before any work OUT is refused
+if it exists and --force was not given, or if --force would replace anything but a GGUF file; it is
+locked against other w4 runs (OUT.w4tmp-lock); the files are written into a temporary sibling directory
 (OUT.w4tmp-<pid>-<hex>/) and renamed into place at the end, the first part last, so llama.cpp
 never finds a first part whose others are missing. Whatever stops the run, the temporary
 directory goes with it (or with the next run, after a kill -9).
@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from w4cli import signals
-from w4cli.errors import InputRefused, Interrupted, OutputFailed
-from w4cli.output_dir import LOCK, NO_SPACE, TEMP_MARK, _drop_lock, _fsync, _remove_stale_siblings, _take_lock, _umask, cannot_write
+from w4cli.errors import InputRefused, OutputFailed
+from w4cli.output_dir import OutputDirectory, _fsync, _umask
 from w4cli.rename import exchange, rename_noreplace
 
 GGUF_MAGIC = b"GGUF"
@@ -46,44 +43,13 @@ def check_output_file(output: Path, inputs: list[Path]) -> None:
             raise InputRefused(f"OUT {output} is inside the input checkpoint {source}")
 
 
-class OutputFile:
-    """OUT claimed for one run; `temp` is the directory the GGUF files are written into under
-    their final names; commit() moves them into place."""
+class OutputFile(OutputDirectory):
+    """OUT claimed for one run, as OutputDirectory claims a directory (the lock, the temporary
+    sibling `temp`, the clean-up whatever ends the run); `temp` holds the GGUF files under their
+    final names, and commit() moves them into place beside OUT."""
 
-    def __init__(self, output: Path, force: bool):
-        self.output = output
-        self.target = output.resolve()
-        self.force = force
-        self.temp = self._sibling(f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        self.committed = False
-        self._lock: int | None = None
-
-    def _sibling(self, suffix: str) -> Path:
-        return self.target.parent / f"{self.target.name}{TEMP_MARK}{suffix}"
-
-    def __enter__(self) -> OutputFile:
-        try:
-            with signals.held():
-                if not self.target.parent.is_dir():
-                    raise InputRefused(f"OUT {self.output}: {self.output.parent} is not a directory")
-                self._lock = _take_lock(self._sibling(LOCK), self.output)
-                self.check_replaceable([self.target])
-                self.temp.mkdir()
-            _remove_stale_siblings(self.target)
-        except BaseException as exc:
-            self.__exit__()
-            if isinstance(exc, OSError):
-                raise cannot_write(self.output, exc) from None
-            raise
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        with signals.held(redeliver=False):
-            if not self.committed:
-                shutil.rmtree(self.temp, ignore_errors=True)
-            if self._lock is not None:
-                _drop_lock(self._lock, self._sibling(LOCK))
-                self._lock = None
+    def _check_replaceable(self) -> None:
+        self.check_replaceable([self.target])
 
     def check_replaceable(self, targets: list[Path]) -> None:
         for target in targets:
@@ -94,21 +60,14 @@ class OutputFile:
             if not is_gguf_file(target):
                 raise InputRefused(f"--force replaces only a GGUF file, and {target.name} is not one")
 
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        try:
-            yield
-        except KeyboardInterrupt:
-            raise Interrupted(f"interrupted; {self.output} was not written" if not self.committed else
-                              f"interrupted after {self.output} was written: it is complete") from None
-        except OSError as exc:
-            if exc.errno in NO_SPACE:
-                raise cannot_write(self.output, exc) from None
-            raise
+    def _interrupted(self) -> str:
+        if not self.committed:
+            return f"interrupted; {self.output} was not written"
+        return f"interrupted after {self.output} was written: it is complete"
 
-    def commit(self, names: list[str]) -> list[Path]:
-        """Move the written files `names` (the first part first) into place beside OUT; returns
-        their final paths."""
+    def commit(self, names: list[str]) -> list[Path]:  # type: ignore[override]
+        """Move the written files `names` (the first part first) into place beside OUT, the first
+        part last; returns their final paths."""
         mode = 0o666 & ~_umask()
         for name in names:
             (self.temp / name).chmod(mode)
@@ -117,28 +76,27 @@ class OutputFile:
         self.check_replaceable(finals)
         with signals.held():
             for name, final in reversed(list(zip(names, finals))):
-                self._place(self.temp / name, final)
+                self._place_file(self.temp / name, final)
             self.committed = True
         _fsync(self.target.parent)
         shutil.rmtree(self.temp, ignore_errors=True)
         return finals
 
-    def _place(self, source: Path, final: Path) -> None:
+    def _place_file(self, source: Path, final: Path) -> None:
         try:
             rename_noreplace(source, final)
             return
         except FileExistsError:
             if not self.force:
-                raise self._changed(final) from None
+                raise self._file_changed(final) from None
         if not exchange(source, final):
             if not is_gguf_file(final):
-                raise self._changed(final)
+                raise self._file_changed(final)
             os.replace(source, final)
             return
         if not is_gguf_file(source):  # what was swapped out is not the GGUF checked before
             exchange(source, final)
-            raise self._changed(final)
+            raise self._file_changed(final)
 
-    def _changed(self, final: Path) -> OutputFailed:
+    def _file_changed(self, final: Path) -> OutputFailed:
         return OutputFailed(f"{final} was created or changed by someone else during the conversion: it was left as it was")
-

@@ -7,7 +7,7 @@ here, while planning, before anything is written.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import gguf
@@ -28,6 +28,7 @@ Q = gguf.GGMLQuantizationType
 BLOCK_TYPES = {blocks.Q4_0: Q.Q4_0, blocks.Q4_1: Q.Q4_1}
 FLOAT_TYPES = {torch.float32: Q.F32, torch.float16: Q.F16, torch.bfloat16: Q.BF16}
 OUTTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+PIECE_BYTES = 64 * 1024 * 1024  # an unquantized tensor is read, cast and written this much at a time
 # one routed expert's linear: <base>.experts.<index>.<projection>
 EXPERT = re.compile(r"(?P<base>.+\.experts)\.(?P<index>[0-9]+)\.(?P<projection>[^.]+)")
 # routers, which llama.cpp's converter always writes in float32
@@ -40,7 +41,9 @@ class GgufTensor:
     source: str  # the checkpoint's tensor (a quantized linear's prefix) it comes from
     qtype: gguf.GGMLQuantizationType
     byte_shape: tuple[int, ...]  # rows first; the last dimension in bytes
-    produce: Callable[[], np.ndarray]  # uint8, byte_shape
+    # the tensor's bytes (uint8) as consecutive pieces along its first dimension, produced one at a
+    # time: memory holds a piece, never a whole 2 GB embedding
+    pieces: Callable[[], Iterator[np.ndarray]]
 
     @property
     def nbytes(self) -> int:
@@ -108,9 +111,9 @@ class Planner:
         heads = self.names.permuted_heads(layer.weight)
         model = self.model
 
-        def produce() -> np.ndarray:
+        def produce() -> Iterator[np.ndarray]:
             packed = blocks.pack(unpacked(model, layer, model.checkpoint.read(*layer.tensor_names)), qtype, layer.prefix)
-            return permute_rows(torch.from_numpy(packed), heads).numpy() if heads else packed
+            yield permute_rows(torch.from_numpy(packed), heads).numpy() if heads else packed
 
         shape = (layer.out_features, layer.in_features // blocks.BLOCK * blocks.BLOCK_BYTES[qtype])
         return GgufTensor(name, layer.prefix, BLOCK_TYPES[qtype], shape, produce)
@@ -129,8 +132,9 @@ class Planner:
         qtype = qtypes.pop()
         model = self.model
 
-        def produce() -> np.ndarray:
-            return np.stack([blocks.pack(unpacked(model, l, model.checkpoint.read(*l.tensor_names)), qtype, l.prefix) for l in layers])
+        def produce() -> Iterator[np.ndarray]:
+            for l in layers:
+                yield blocks.pack(unpacked(model, l, model.checkpoint.read(*l.tensor_names)), qtype, l.prefix)[None]
 
         shape = (count, first.out_features, first.in_features // blocks.BLOCK * blocks.BLOCK_BYTES[qtype])
         return GgufTensor(name, stacked, BLOCK_TYPES[qtype], shape, produce)
@@ -146,9 +150,14 @@ class Planner:
         dtype = self.float_dtype(name, DTYPES[info.dtype], len(info.shape))
         heads = self.names.permuted_heads(source)
 
-        def produce() -> np.ndarray:
-            value = checkpoint.read_one(source).to(dtype)
-            return _bytes(permute_rows(value, heads) if heads else value)
+        def produce() -> Iterator[np.ndarray]:
+            if heads or len(info.shape) < 2:  # a q/k bias or weight moves its rows: read whole (small)
+                value = checkpoint.read_one(source).to(dtype)
+                yield _bytes(permute_rows(value, heads) if heads else value)
+                return
+            rows = max(1, PIECE_BYTES // max(1, info.nbytes // info.shape[0]))
+            for start in range(0, info.shape[0], rows):
+                yield _bytes(checkpoint.read_rows(source, start, min(info.shape[0], start + rows)).to(dtype))
 
         shape = (*info.shape[:-1], info.shape[-1] * dtype.itemsize) if info.shape else (dtype.itemsize,)
         return GgufTensor(name, source, FLOAT_TYPES[dtype], tuple(shape), produce)
@@ -172,7 +181,7 @@ def plan_tensors(model: QuantModel, arch: Architecture, outtype: str | None) -> 
             raise InputRefused(f"{group[0].prefix}: the experts are not numbered 0..{len(group) - 1}")
     out: list[GgufTensor] = []
     for name, value in extra_tensors(model.checkpoint.config).items():
-        out.append(GgufTensor(name, "(computed)", Q.F32, (value.nbytes,), lambda value=value: value.view(np.uint8)))
+        out.append(GgufTensor(name, "(computed)", Q.F32, (value.nbytes,), lambda value=value: iter([value.view(np.uint8)])))
     for kind, name in model.order:
         if kind == "layer" and (match := EXPERT.fullmatch(name)):
             stacked = f"{match['base']}.{match['projection']}.weight"

@@ -1,12 +1,14 @@
 """Write a GGUF file with the gguf package's GGUFWriter, streaming: every key and tensor info is
 known before any data (tensor shapes come from the plan), so the header goes out first and then
-the tensors one at a time, each produced, written and freed before the next. Peak memory is the
-largest tensor's inputs and blocks, whatever the model's size.
+the tensors one at a time, each in pieces produced, written and freed before the next. Peak memory
+is the largest quantized linear's inputs and blocks (or 64 MB of an unquantized tensor), whatever
+the model's size.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,29 @@ from w4cli.gguf.output_file import OutputFile
 from w4cli.gguf.plan import GgufTensor, file_type
 from w4cli.gguf.tokenizer import Vocabulary, write_tokenizer
 from w4cli.layers import QuantModel
+
+
+class _Pieces:
+    """One planned tensor for GGUFWriter.write_tensor_data, which pads the file, checks `nbytes`
+    against the tensor info and calls `tofile`: here each piece is produced, checked against the
+    plan and written in turn, so the tensor is never whole in memory."""
+
+    def __init__(self, tensor: GgufTensor, advance: Callable[[int], None]):
+        self.tensor = tensor
+        self.nbytes = tensor.nbytes
+        self.advance = advance
+
+    def tofile(self, handle) -> None:
+        t = self.tensor
+        rows = 0
+        for piece in t.pieces():
+            if piece.dtype != np.uint8 or tuple(piece.shape[1:]) != t.byte_shape[1:] or rows + piece.shape[0] > t.byte_shape[0]:
+                raise AssertionError(f"{t.name}: produced a uint8{list(piece.shape)} piece at row {rows}, planned uint8{list(t.byte_shape)}")
+            piece.tofile(handle)
+            rows += piece.shape[0]
+            self.advance(piece.nbytes)
+        if rows != t.byte_shape[0]:
+            raise AssertionError(f"{t.name}: produced {rows} rows, planned {t.byte_shape[0]}")
 
 
 @dataclass
@@ -82,12 +107,7 @@ def write_gguf(
             writer.write_ti_data_to_file()
             with byte_progress("gguf", total) as advance:
                 for t in tensors:
-                    data = t.produce()
-                    if data.dtype != np.uint8 or tuple(data.shape) != t.byte_shape:
-                        raise AssertionError(f"{t.name}: produced {data.dtype}{list(data.shape)}, planned uint8{list(t.byte_shape)}")
-                    writer.write_tensor_data(data)
-                    advance(t.nbytes)
-                    del data
+                    writer.write_tensor_data(_Pieces(t, advance))  # type: ignore[arg-type]
         finally:
             writer.close()
         files = output.commit([p.name for p in writer.format_shard_names(path)])

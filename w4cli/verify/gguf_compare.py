@@ -100,17 +100,22 @@ def _keys(fields: dict[str, Any], expected: dict[str, gguf.GGUFValue], tokenizer
     return body
 
 
-def _block_difference(tensor, got: np.ndarray, want: np.ndarray) -> str:
-    """Where a tensor's bytes first differ, in the block's terms where it has blocks."""
-    row, byte = (int(i) for i in np.argwhere(got != want)[0])
-    qtype = tensor.qtype
-    if qtype.name in ("Q4_0", "Q4_1"):
-        size = gguf.GGML_QUANT_SIZES[qtype][1]
-        block, offset = divmod(byte, size)
-        header = 2 if qtype.name == "Q4_0" else 4
-        part = "d" if offset < 2 else "m" if offset < header else "codes"
-        return f"{tensor.name}: row {row}, block {block}: {part} differ"
-    return f"{tensor.name}: first difference at row {row}, byte {byte}"
+def _block_difference(tensor, first_row: int, got: np.ndarray, want: np.ndarray) -> str:
+    """Where a tensor's bytes first differ (pieces of rows from `first_row`, each flattened), in
+    the block's terms where it has blocks: a stacked expert tensor's first dimension is the expert."""
+    piece_row, byte = (int(i) for i in np.argwhere(got != want)[0])
+    row_bytes = tensor.byte_shape[-1]
+    inner, column = divmod(byte, row_bytes)
+    if len(tensor.byte_shape) == 3:
+        where = f"expert {first_row + piece_row}, row {inner}"
+    else:
+        where = f"row {first_row + piece_row + inner}"
+    if tensor.qtype.name not in ("Q4_0", "Q4_1"):
+        return f"{tensor.name}: {where}, byte {column}: differ"
+    block, offset = divmod(column, gguf.GGML_QUANT_SIZES[tensor.qtype][1])
+    header = 2 if tensor.qtype.name == "Q4_0" else 4
+    part = "d" if offset < 2 else "m" if offset < header else "codes"
+    return f"{tensor.name}: {where}, block {block}: {part} differ"
 
 
 def _tensors(got: dict[str, gguf.ReaderTensor], plan: list, advance: Callable[[str], None]) -> Callable[[], str]:
@@ -119,13 +124,15 @@ def _tensors(got: dict[str, gguf.ReaderTensor], plan: list, advance: Callable[[s
             found = got[tensor.name]
             if found.tensor_type != tensor.qtype:
                 raise Mismatch(f"{tensor.name} is {found.tensor_type.name}, expected {tensor.qtype.name}")
-            data = np.asarray(found.data).view(np.uint8).reshape(tensor.byte_shape) if found.n_bytes == tensor.nbytes else None
-            if data is None:
+            if found.n_bytes != tensor.nbytes:
                 raise Mismatch(f"{tensor.name} holds {found.n_bytes} bytes, expected {tensor.nbytes}")
-            want = tensor.produce()
-            if not np.array_equal(data, want):
-                raise Mismatch(_block_difference(tensor, data.reshape(want.shape[0] if want.ndim > 1 else 1, -1),
-                                                 want.reshape(want.shape[0] if want.ndim > 1 else 1, -1)))
+            data = np.asarray(found.data).view(np.uint8).reshape(tensor.byte_shape)
+            row = 0
+            for piece in tensor.pieces():
+                stored = data[row : row + piece.shape[0]]
+                if not np.array_equal(stored, piece):
+                    raise Mismatch(_block_difference(tensor, row, stored.reshape(piece.shape[0], -1), piece.reshape(piece.shape[0], -1)))
+                row += piece.shape[0]
             advance(tensor.name)
         return f"{len(plan)} tensors bit-identical to a fresh conversion of SOURCE"
 
