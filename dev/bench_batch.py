@@ -1,5 +1,5 @@
 """Sweep the batch kernels' settings (kernel, row tiles, split-K count) against fp16 cuBLAS,
-the GEMV at M = 8 and the automatic choice, in one run, with w4cli/timing.py (the bench's method).
+the GEMV at M = 8 and the automatic choice, in one run, with w4cli/gpu/timing.py (the bench's method).
 
     PYTHONPATH=. python3 dev/bench_batch.py [--m 16,32,64] [--shapes 8192x28672,...] [--splits 1,2,4,8] [--kernels 1,2]
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from w4cli import kernels, timing
+from w4cli.gpu import kernels, timing
 from w4cli.bench import cases
 
 SHAPES = "8192x8192,8192x28672,28672x8192,4096x14336,14336x4096"
@@ -36,7 +36,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--splits", default="1,2,3,4,6,8")
     ap.add_argument("--tiles", default="1,2,4")
-    ap.add_argument("--kernels", default="1,2", help="1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128)")
+    ap.add_argument("--kernels", default="1,2", help="1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128), "
+                    "3 = warp-specialised wgmma (sm_90a, any M; --tiles are its variants 1..5)")
     args = ap.parse_args()
     kernels.load()
     copy = timing.copy_bandwidth()
@@ -55,9 +56,13 @@ def main() -> int:
             print(line, flush=True)
             if m <= 8:
                 continue
+            dq = run_case(f"{shape} M={m} dequant+cuBLAS", layer, m, lambda x, qw, qz, s, b: torch.nn.functional.linear(
+                x, kernels.dequantize_w4_gemv(qw, qz, s, x.shape[1]), b), copy)
+            if dq is not None:
+                print(f"  {shape} M={m}: dequant+cuBLAS {dq.median_us:.2f} ({fp.median_us / dq.median_us:.2f}x)", flush=True)
             best = None
             for kernel in (int(v) for v in args.kernels.split(",")):
-                if kernel == 1 and m > 64:
+                if (kernel == 1 and m > 64) or (kernel == 2 and m > 128):
                     continue
                 for tiles in (int(v) for v in args.tiles.split(",")):
                     for splits in [0] + [int(v) for v in args.splits.split(",")]:

@@ -1,7 +1,7 @@
 """Time the AWQ dequantize kernel against the device-to-device copy ceiling: the dequantize cases of
 w4cli/bench/cases.py (one per output dtype and layout; bit-exact check before each timing; bytes
 K*N/2 qweight + (K/G)*N*2 scales + (K/G)*N/2 packed zeros read, K*N*out_bytes written), measured with
-w4cli/timing.py.
+w4cli/gpu/timing.py.
 
 Usage: PYTHONPATH=. python3 dev/bench_dequant.py [--out DIR] [--quick]
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from w4cli import kernels
+from w4cli.gpu import kernels
 from w4cli.bench import cases
-from w4cli.timing import copy_bandwidth
+from w4cli.gpu.timing import copy_bandwidth
 
 SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192), (4096, 4096), (4096, 14336)]  # K x N
 G = 128

@@ -1,12 +1,12 @@
 """Time the w4 GEMV kernel against fp16 cuBLAS (F.linear) and torch's int4 kernel
 (torch._weight_int4pack_mm, bf16), in one run: the cases of w4cli/bench/cases.py (their inputs,
-checks and byte counts), measured with w4cli/timing.py (check, then time; CUDA graph over rotating
+checks and byte counts), measured with w4cli/gpu/timing.py (check, then time; CUDA graph over rotating
 input sets > 4x L2; median of 30 replays).
 
     PYTHONPATH=. python3 dev/bench_gemv.py [--out DIR] [--m 1,2,4,8] [--quick] [--splits]
 
 --splits also sweeps the warps per 16-row tile (split-K) at M = 1, through the private
-w4cli.kernels._gemv_splits: the same case, run another way.
+w4cli.gpu.kernels._gemv_splits: the same case, run another way.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from w4cli import kernels, timing
+from w4cli.gpu import kernels, timing
 from w4cli.bench import cases
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]

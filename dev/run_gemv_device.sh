@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt" 2>&1
 echo "== build" | tee "$OUT/build.log"
-python3 -c "import time, w4cli.kernels as k; t=time.time(); k.load(); print(f'built in {time.time()-t:.0f}s')" 2>&1 | tee -a "$OUT/build.log" || exit 1
+python3 -c "import time, w4cli.gpu.kernels as k; t=time.time(); k.load(); print(f'built in {time.time()-t:.0f}s')" 2>&1 | tee -a "$OUT/build.log" || exit 1
 
 echo "== tests"
 timeout ${GEMV_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/test_gemv_gpu.py -p no:cacheprovider ${GEMV_TEST_ARGS:-} 2>&1 | tee "$OUT/gemv_tests.log" | grep -E "passed|failed|FAILED|Error|error" | tail -25
@@ -29,7 +29,7 @@ if [ "${GEMV_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   # (--clock-control none: the clocks are left alone)
   cat > "$OUT/ncu_gemv.py" <<PY
 import torch
-from w4cli import kernels
+from w4cli.gpu import kernels
 from w4cli.bench.cases import Layer
 layer = Layer(8192, 28672, 128, seed=1)
 kernels.gemv(layer.x(1, 0), *layer.gemv(0))

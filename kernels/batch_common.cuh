@@ -35,6 +35,7 @@ struct BatchArgs {
   int x_stride, x_cols;  // x's row length, and the k below which x holds data (K, or Kp when padded)
   uint32_t group_magic;
   int kblocks, kb_per_split, splits, run_slots;
+  int m_tiles;  // tiles of tokens (the warp-specialised kernel; 1 elsewhere)
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -170,28 +171,47 @@ __device__ __forceinline__ void for_each_output(float (&acc)[NT][NB][4], int row
         f(acc[i][nb][e], 8 * nb + 2 * t + (e & 1), row0 + step * i + g + 8 * (e >> 1));
 }
 
-// The block's result, from every thread of the block (it has a block barrier). Split-K (S > 1),
-// deterministic: each block writes its fp32 partial tile to partial[split, m, n]; the last block
-// of a row range to arrive (an atomic counter per row range, zeroed by the caller and left
-// zeroed) adds the S partials in split order, adds the bias and rounds once. The arrival order
-// decides only who adds, never the order of the sum.
+// The MMA threads' barrier: named barrier 1 over the 256 threads that hold accumulators (a
+// warp-specialised block's producer warp takes no part in the output).
+__device__ __forceinline__ void mma_threads_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kBatchThreads) : "memory"); }
+
+// y[m, n] from its fp32 sum: the bias added in fp32, one rounding.
+__device__ __forceinline__ void store_output(const BatchArgs& a, float v, int m, int n) {
+  const float out = a.bias != nullptr ? v + __half2float(a.bias[n]) : v;
+  a.y[(size_t)m * a.N + n] = __float2half_rn(out);
+}
+
+// Split-K, first half: store this block's fp32 partial tile to partial[split, m, n] and count the
+// block in on its output tile's counter; true in the last block to arrive, which then adds the
+// S partials in split order. counter: the output tile's split-K counter; m0: its first token
+// (token t of acc is row m0 + t).
 template <int NT, int NB>
-__device__ __forceinline__ void write_result(float (&acc)[NT][NB][4], const BatchArgs& a, int cb, int split,
+__device__ __forceinline__ bool store_partial_is_last(float (&acc)[NT][NB][4], const BatchArgs& a, int counter,
+                                                      int split, int row0, int step, int lane, int m0) {
+  float* part = a.partial + (size_t)split * a.M * a.N;
+  for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
+    m += m0;
+    if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, v);
+  });
+  __threadfence();  // this block's partial is visible device-wide before it counts itself in
+  mma_threads_sync();
+  __shared__ int last;
+  if (threadIdx.x == 0) last = atomicAdd(a.counters + counter, 1) == a.splits - 1;
+  mma_threads_sync();
+  if (last) __threadfence();  // order the partial reads after the counter read
+  return last;
+}
+
+// The block's result, from the 256 MMA threads (it has a barrier among them). Split-K (S > 1),
+// deterministic: each block writes its partial; the last block of a row range to arrive (an atomic
+// counter per output tile, zeroed by the caller and left zeroed) adds the S partials in split order
+// (its own read back too: no second set of registers), each split's values loaded together, adds
+// the bias and rounds once. The arrival order decides only who adds, never the order of the sum.
+template <int NT, int NB>
+__device__ __forceinline__ void write_result(float (&acc)[NT][NB][4], const BatchArgs& a, int counter, int split,
                                              int row0, int step, int lane) {
   if (a.splits > 1) {
-    // every block stores its partial; the last to arrive adds them all in split order (its own
-    // read back too: no second set of registers), each split's values loaded together
-    float* part = a.partial + (size_t)split * a.M * a.N;
-    for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
-      if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, v);
-    });
-    __threadfence();  // this block's partial is visible device-wide before it counts itself in
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(a.counters + cb, 1) == a.splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // order the partial reads after the counter read
+    if (!store_partial_is_last(acc, a, counter, split, row0, step, lane, 0)) return;
     for (int s = 0; s < a.splits; ++s) {
       const float* ps = a.partial + (size_t)s * a.M * a.N;
       for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
@@ -199,13 +219,10 @@ __device__ __forceinline__ void write_result(float (&acc)[NT][NB][4], const Batc
         v = s == 0 ? p : v + p;
       });
     }
-    if (threadIdx.x == 0) a.counters[cb] = 0;  // left zeroed, as found
+    if (threadIdx.x == 0) a.counters[counter] = 0;  // left zeroed, as found
   }
   for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
-    if (m < a.M && n < a.N) {
-      const float out = a.bias != nullptr ? v + __half2float(a.bias[n]) : v;
-      a.y[(size_t)m * a.N + n] = __float2half_rn(out);
-    }
+    if (m < a.M && n < a.N) store_output(a, v, m, n);
   });
 }
 
@@ -265,6 +282,7 @@ inline BatchArgs batch_args(const void* x, const int32_t* qweight, const int32_t
   a.group_magic = a.runs_per_group > 1 ? static_cast<uint32_t>((uint64_t{1} << 32) / a.runs_per_group + 1) : 0u;
   a.kblocks = static_cast<int>((K + 127) / 128);
   a.run_slots = (groups == 1 || G % 128 == 0) ? 1 : kRunSlots;
+  a.m_tiles = 1;
   return a;
 }
 

@@ -2,7 +2,7 @@
 # kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80, sm_90 and sm_90a (no GPU needed), report
 # registers and spills from ptxas (-Xptxas -v), and fail on any local-memory spill.
 # The .cu files are torch-free, so no torch include paths are needed; ops.cpp is not compiled here
-# (the JIT build in w4cli/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90 90a)
+# (the JIT build in w4cli/gpu/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90 90a)
 # One line per file and arch (kernel count, most registers, spill bytes); V=1 lists every kernel
 # (registers, barriers, stack, spills). A failed compile or a spill always prints in full.
 set -euo pipefail
@@ -16,7 +16,7 @@ shopt -s nullglob
 for cu in "$here"/*.cu; do
   for a in "${archs[@]}"; do
     log="$tmp/$(basename "$cu" .cu).sm_$a.log"
-    # Same flags as the JIT build (w4cli/kernels.py): -O3, no --use_fast_math (bit-exactness).
+    # Same flags as the JIT build (w4cli/gpu/kernels.py): -O3, no --use_fast_math (bit-exactness).
     if ! nvcc -std=c++17 -O3 -gencode "arch=compute_$a,code=sm_$a" -Xptxas -v -I"$here" \
          -c "$cu" -o "$tmp/out.o" >"$log" 2>&1; then
       echo "FAIL compile $(basename "$cu") sm_$a"; cat "$log"; status=1; continue

@@ -1,5 +1,5 @@
 // dequant_w4_gemv.cu: the w4-gemv layout back to an fp16 weight [N, K] on the GPU, for the batch
-// sizes where dequantize + cuBLAS beats the fused kernels (w4cli.kernels.gemv picks it).
+// sizes where dequantize + cuBLAS beats the fused kernels (w4cli.gpu.kernels.gemv picks it).
 //
 // out[n, k] = fp16((q - z) * s): the exact q - z from int4_convert.cuh, one mul.rn.f16x2 by the
 // scale pair; the exact product has at most 4 + 11 significant bits, so one rounding gives the

@@ -7,7 +7,7 @@
 // exact q - z, bit-identical to w4cli.formats.w4_gemv.dequantize; the tensor cores add the exact
 // products W16 * x in fp32; a k-split's partial sums are added in split order in fp32; bias in fp32;
 // one rounding to fp16. The pure-torch oracle is w4_gemv.gemv_reference (fp32 sums of W16 * x), and
-// the difference is the fp32 summation order only: w4cli/checks.py's bound (its 4 K 2^-24 |x|@|W|
+// the difference is the fp32 summation order only: w4cli/gpu/checks.py's bound (its 4 K 2^-24 |x|@|W|
 // term is the order-independent bound of an fp32 sum of K products) holds it. Exact data (x in
 // {-1, 0, 1}, power-of-two scales) gives the reference bit for bit.
 //
@@ -44,7 +44,7 @@
 // plan_gemm_w4a16_batch: NT = 2 unless that leaves SMs idle (M > 16 and N < 0.8 x 256 x SMs), S by
 // a model of the bytes through the busiest SM.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
-//   1 <= M <= 64 (w4cli.kernels.gemv sends it 9..64; 9..16 on Hopper, where the wgmma kernel
+//   1 <= M <= 64 (w4cli.gpu.kernels.gemv sends it 9..64; 9..16 on Hopper, where the wgmma kernel
 //   takes more rows), N % 8 == 0, K % 8 == 0, K % G == 0,
 //   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32
 //   and counters [ceil(N / R)] int32 (zero) when S > 1.
@@ -271,9 +271,10 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  // wgmma exists on sm_90a only, which w4cli/kernels.py builds for every compute capability 9.0
+  // wgmma exists on sm_90a only, which w4cli/gpu/kernels.py builds for every compute capability 9.0
   const bool hopper = major == 9 && minor == 0;
   if (kernel == 2) return hopper ? plan_gemm_w4a16_wgmma(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
+  if (kernel == 3) return hopper ? plan_gemm_w4a16_ws(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
   if (kernel != 1) return cudaErrorInvalidValue;
   if (tiles == 0 && shapes_ok(M, K, N, G)) tiles = default_tiles(M, N, sms);
   Variant v;
@@ -291,7 +292,9 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
   plan->tiles = tiles;
-  plan->wgmma = false;
+  plan->m_tiles = 1;
+  plan->kernel = 1;
+  plan->x_rows = 0;
   plan->x_cols = 0;
   return cudaSuccess;
 }
@@ -300,12 +303,15 @@ cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* 
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, cudaStream_t stream) {
-  if (plan.wgmma)
+  if (plan.kernel == 3)
+    return launch_gemm_w4a16_ws(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G, plan,
+                                stream);
+  if (plan.kernel == 2)
     return launch_gemm_w4a16_wgmma(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G,
                                    plan, stream);
   Variant v;
   if (!shapes_ok(M, K, N, G) || !pick_variant(M, K, G, plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
+      plan.kernel != 1 || plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;
   BatchArgs a = batch_args(x, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
   a.kb_per_split = plan.kb_per_split;

@@ -4,7 +4,7 @@
 //
 // Numerics: the batch kernel's per-weight path, W16[n, k] = fp16((q - z) * s) (one mul.rn.f16x2
 // from the exact q - z), fp32 accumulation in the tensor cores, split partials added in split
-// order, bias in fp32, one rounding; gemm_w4a16_batch.cu's header derives why w4cli/checks.py's
+// order, bias in fp32, one rounding; gemm_w4a16_batch.cu's header derives why w4cli/gpu/checks.py's
 // bound holds it, and exact data (x in {-1, 0, 1}, power-of-two scales) gives the reference bit
 // for bit.
 //
@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(256) permute_x_kernel(const uint32_t* __restri
   xp[idx] = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
+// One k-block's stage: x (the header's two swizzle atoms), weights, scales, zeros.
 template <int MT, int NT>
-struct WgStage {
+struct StageLayout {
   static constexpr int kRows = 2 * NT * 64;  // rows of N per block
   static constexpr int kTokens = MT;
   static constexpr int kXOff = 0;            // 1 KB aligned: the swizzle atoms need it
@@ -85,20 +86,31 @@ struct WgStage {
   static constexpr int kSOff = kWOff + kRows * 64;
   static constexpr int kZOff = kSOff + kRunSlots * kRows * 2;
   static constexpr int kStageBytes = (kZOff + kRunSlots * (kRows / 8) * 4 + 1023) / 1024 * 1024;
-  static constexpr int kStages = (220 * 1024) / kStageBytes >= 4 ? 4 : (220 * 1024) / kStageBytes;
-  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + room to align the base to 1 KB
-  static_assert(kStages >= 2, "a stage must fit twice in shared memory");
+  // 16-byte chunk c (0..15) of x row r: 64-k atom c / 8, unit c % 8 swizzled by r % 8
   __device__ static __forceinline__ uint32_t x_dst(int r, int c) {
     return kXOff + (c >> 3) * (MT * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
   }
 };
 
+// The cp.async kernel's stages: up to 4 in 220 KB.
+template <int MT, int NT>
+struct WgStage : StageLayout<MT, NT> {
+  using L = StageLayout<MT, NT>;
+  static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 4 ? 4 : (220 * 1024) / L::kStageBytes;
+  static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
+  static_assert(kStages >= 2, "a stage must fit twice in shared memory");
+};
+
 #if defined(W4_HAS_WGMMA)
 // One k-block of one warp: its NT 16-row tiles (one per m64 tile of its warpgroup) x MT tokens.
-template <int MT, int NT>
+// S: the stage's layout (WgStage or WsStage: kRows, kTokens, kXOff, kWOff, kSOff, kZOff).
+// kDrain: wait for every wgmma before returning (the stage may be refilled after the next block
+// barrier); else the last word's wgmmas are left in flight across the stage boundary, and
+// `release`, when not 0, is the mbarrier this thread arrives on once the previous stage's wgmmas
+// are done (after the first word's wait), so the tensor cores never idle between stages.
+template <typename S, int NT, bool kDrain = true, int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
-                                            int slot, float (&acc)[NT][MT / 8][4]) {
-  using S = WgStage<MT, NT>;
+                                            int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0) {
   const uint4* ws = reinterpret_cast<const uint4*>(st + S::kWOff);
   const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S::kSOff);
   const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + S::kZOff);
@@ -147,8 +159,9 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     }
     wgmma_commit();
     wgmma_wait<1>();  // word j - 1's wgmmas are done: their A fragments' registers are free again
+    if (!kDrain && j == 0 && release != 0) mbar_arrive(release);
   }
-  wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
+  if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
 }
 #endif
 
@@ -191,10 +204,189 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
     if (next < nkb) loader.load(smem0 + (next % S::kStages) * S::kStageBytes, kb0 + next, a, policy);
     cp_async_commit();
     const int at = (i % S::kStages) * S::kStageBytes;
-    wgmma_stage<MT, NT>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
+    wgmma_stage<S, NT>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
   }
   cp_async_wait<0>();
   write_result(acc, a, cb, split, cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, 64, lane);
+#endif
+}
+
+// ---- the warp-specialised kernel: any M, tokens in tiles of MT, a producer warp ----
+//
+// Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
+// tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
+// (the header's k order, two 64-k swizzle atoms, 16-byte unit u of row r at u ^ (r % 8)), tokens
+// past M zero. The stage is then one bulk copy: the swizzle is a function of the shared address,
+// and a stage starts 1 KB aligned, so the copied image is already swizzled.
+template <typename S, int MT = S::kTokens>
+__global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xt, int M,
+                                                     int K, int kblocks, int64_t chunks) {
+  const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  if (idx >= chunks) return;
+  const int oc = (int)(idx & 15);
+  const int r = (int)((idx >> 4) % MT);
+  const int64_t tile_kb = (idx >> 4) / MT;  // m_tile * kblocks + kb
+  const int kb = (int)(tile_kb % kblocks);
+  const int m = (int)(tile_kb / kblocks) * MT + r;
+  uint32_t v[4] = {0u, 0u, 0u, 0u};
+  if (m < M) {
+    const uint32_t* row = x + (size_t)m * (K / 2);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int pair = kb * 64 + oc + 16 * t;
+      v[t] = 2 * pair < K ? __ldg(row + pair) : 0u;
+    }
+  }
+  xt[(tile_kb * (MT * 256) + S::x_dst(r, oc) - S::kXOff) >> 4] = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
+// Registers are split unevenly (setmaxnreg): 232 a thread for the MMA warps, which hold a 64 x 256
+// fp32 accumulator, 40 for the producer's; 2 x 232 + 40 warps' worth fit one SM sub-partition.
+constexpr int kWsThreads = kBatchThreads + 128;
+constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
+constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
+
+// The warp-specialised kernel's stages: up to 4 in the opt-in limit (3 at MT = 256).
+template <int MT, int NT>
+struct WsStage : StageLayout<MT, NT> {
+  using L = StageLayout<MT, NT>;
+  static constexpr int kStages =
+      (kWsSmemLimit - 1024) / L::kStageBytes >= 4 ? 4 : (kWsSmemLimit - 1024) / L::kStageBytes;
+  static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
+  static_assert(kStages >= 2, "a stage must fit twice in shared memory");
+};
+
+#if defined(W4_HAS_WGMMA)
+// The producer warp: per k-block, once the MMA warps have released the stage, lane 0 starts the
+// bulk copies of the x tile (one copy) and the block's 8-row weight tiles (512 B each, the w4-gemv
+// layout's unit), expecting their bytes on the stage's `full` barrier; every lane copies its scale
+// and zero chunks with cp.async and arrives when they land (33 arrivals a phase).
+template <typename S>
+__device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, uint32_t full0, uint32_t empty0,
+                                           int cb, int mt, int kb0, int nkb, int lane) {
+  constexpr int kTiles8 = S::kRows / 8;
+  const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
+  const uint64_t xpolicy = evict_normal_policy();
+  const int tiles8 = min(kTiles8, (a.N >> 3) - cb * kTiles8);  // weight tiles inside N
+  const char* wbase = reinterpret_cast<const char*>(a.qweight + (size_t)cb * kTiles8 * a.kblocks * 32);
+  const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
+  const uint32_t bytes = S::kTokens * 256 + tiles8 * 512;
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t full = full0 + 8 * s;
+    if (i >= S::kStages) mbar_wait(empty0 + 8 * s, ((i / S::kStages) + 1) & 1);
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const int kb = kb0 + i;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full, bytes);
+      bulk_copy_g2s(st + S::kXOff, xbase + (size_t)kb * (S::kTokens * 256), S::kTokens * 256, full, xpolicy);
+      for (int t = 0; t < tiles8; ++t)
+        bulk_copy_g2s(st + S::kWOff + t * 512, wbase + ((size_t)t * a.kblocks + kb) * 512, 512, full, wpolicy);
+    }
+    // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
+#pragma unroll
+    for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
+      const int idx = lane + 32 * j;
+      const int slot = idx / kTiles8;
+      const int c = idx - slot * kTiles8;
+      if (slot < a.run_slots) {
+        const int n0 = cb * S::kRows + 8 * c;
+        const bool ok = n0 < a.N;
+        const int grp = group_of_run(4u * kb + slot, a);
+        cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
+        cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
+                  ok);
+      }
+    }
+    mbar_arrive_cp_async(full);
+  }
+  // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
+  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
+    mbar_wait(empty0 + 8 * (i % S::kStages), (i / S::kStages) & 1);
+}
+// The MMA warps: per k-block, wait for the stage to land, convert and multiply it (wgmma_stage),
+// and release the previous stage once its wgmmas are done; then the output.
+template <typename S, int NT, int MT = S::kTokens>
+__device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, uint32_t full0,
+                                           uint32_t empty0, int cb, int split, int mt, int kb0, int nkb, int warp,
+                                           int lane) {
+  const int slot = a.run_slots == 1 ? 0 : (lane & 3);
+  float acc[NT][MT / 8][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int nb = 0; nb < MT / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
+    const int at = s * S::kStageBytes;
+    // every thread releases the stage it read (an arrive orders only its own thread's reads)
+    wgmma_stage<S, NT, false>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc,
+                              i > 0 ? empty0 + 8 * ((i - 1) % S::kStages) : 0u);
+  }
+  wgmma_wait<0>();
+  if (nkb > 0) mbar_arrive(empty0 + 8 * ((nkb - 1) % S::kStages));
+  const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, m0 = mt * MT;
+  if (a.splits == 1) {
+    for_each_output(acc, row0, 64, lane, [&](float& v, int m, int n) {
+      m += m0;
+      if (m < a.M && n < a.N) store_output(a, v, m, n);
+    });
+    return;
+  }
+  // Split-K: the last block adds the tile's partials with the 256 threads walking it in rows of N
+  // (coalesced, and no second set of accumulator registers), each value's splits in split order.
+  const int counter = mt * gridDim.x + cb;
+  if (!store_partial_is_last(acc, a, counter, split, row0, 64, lane, m0)) return;
+  const size_t split_stride = (size_t)a.M * a.N;
+  for (int idx = threadIdx.x; idx < MT * S::kRows; idx += kBatchThreads) {
+    const int m = m0 + idx / S::kRows, n = cb * S::kRows + idx % S::kRows;
+    if (m >= a.M || n >= a.N) continue;
+    const float* p = a.partial + (size_t)m * a.N + n;
+    float v = __ldcg(p);
+    for (int s = 1; s < a.splits; ++s) v += __ldcg(p + s * split_stride);
+    store_output(a, v, m, n);
+  }
+  if (threadIdx.x == 0) a.counters[counter] = 0;  // left zeroed, as found
+}
+#endif
+
+// grid (ceil(N / R), S, m_tiles), kWsThreads threads, S::kSmem bytes of dynamic shared memory.
+template <int MT, int NT>
+__global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a) {
+#if defined(W4_HAS_WGMMA)
+  using S = WsStage<MT, NT>;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bars[2 * S::kStages];  // full[s], then empty[s]
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t smem0 = (raw + 1023) & ~1023u;
+  const uint8_t* smem = smem_raw + (smem0 - raw);
+  const uint32_t full0 = smem_u32(bars), empty0 = full0 + 8 * S::kStages;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int cb = blockIdx.x;
+  const int split = blockIdx.y;
+  const int mt = blockIdx.z;
+  const int kb0 = split * a.kb_per_split;
+  const int nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
+      mbar_init(empty0 + 8 * s, kBatchThreads);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (warp >= kBatchWarps) {
+    setmaxnreg_dec<kWsProducerRegs>();
+    if (warp == kBatchWarps) ws_produce<S>(a, smem0, full0, empty0, cb, mt, kb0, nkb, lane);
+  } else {
+    setmaxnreg_inc<kWsMmaRegs>();
+    ws_consume<S, NT>(a, smem, smem0, full0, empty0, cb, split, mt, kb0, nkb, warp, lane);
+  }
 #endif
 }
 
@@ -227,6 +419,51 @@ bool wg_shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
          (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
 }
 
+struct WsVariant {
+  void (*fn)(const BatchArgs);
+  void (*tile_x)(const uint32_t*, uint4*, int, int, int, int64_t);
+  int rows, smem, tokens;
+};
+
+template <int MT, int NT>
+WsVariant ws_variant() {
+  using S = WsStage<MT, NT>;
+  return {gemm_w4a16_ws_kernel<MT, NT>, tile_x_kernel<S>, S::kRows, S::kSmem, S::kTokens};
+}
+
+// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1)
+bool pick_ws_variant(int variant, WsVariant* v) {
+  switch (variant) {
+    case 1: *v = ws_variant<64, 1>(); return true;
+    case 2: *v = ws_variant<64, 2>(); return true;
+    case 3: *v = ws_variant<128, 1>(); return true;
+    case 4: *v = ws_variant<128, 2>(); return true;
+    case 5: *v = ws_variant<256, 1>(); return true;
+    default: return false;
+  }
+}
+
+// Tokens per tile: the MT with the least padded tokens weighted by (MT + 64) / MT, the conversion
+// and shared-memory reads per MMA that narrower tiles pay. NT = 2 (R = 256 rows, the activations
+// read once per two m64 tiles) where that still gives every SM a tile, except at MT = 256, where
+// one m64n256 accumulator already takes 128 registers.
+int default_ws_variant(int64_t M, int64_t N, int sms) {
+  int best_mt = 64;
+  int64_t best_cost = INT64_MAX;
+  for (int mt = 64; mt <= 256; mt *= 2) {
+    const int64_t cost = (M + mt - 1) / mt * mt * (mt + 64) / mt;
+    if (cost < best_cost) best_cost = cost, best_mt = mt;
+  }
+  if (best_mt == 256) return 5;
+  const int64_t tiles2 = (N + 255) / 256 * ((M + best_mt - 1) / best_mt);
+  return (best_mt == 64 ? 1 : 3) + (tiles2 >= sms ? 1 : 0);
+}
+
+bool ws_shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
+  return M >= 1 && M <= kWsMaxM && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
+         (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
+}
+
 }  // namespace
 
 cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
@@ -252,7 +489,9 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
   plan->tiles = tiles;
-  plan->wgmma = true;
+  plan->m_tiles = 1;
+  plan->kernel = 2;
+  plan->x_rows = static_cast<int>(M);
   plan->x_cols = kblocks * 128;
   return cudaSuccess;
 }
@@ -275,6 +514,55 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* 
       static_cast<const uint32_t*>(x), static_cast<uint4*>(x_perm), a.M, a.K, a.kblocks);
   const dim3 grid(plan.row_blocks, plan.splits);
   v.fn<<<grid, kBatchThreads, v.smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+
+cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
+                               BatchPlan* plan) {
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (!ws_shapes_ok(M, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
+  if (variant == 0) variant = default_ws_variant(M, N, sms);
+  WsVariant v;
+  if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
+  const cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  if (err != cudaSuccess) return err;
+  const int kblocks = static_cast<int>((K + 127) / 128);
+  const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
+  const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
+  plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
+              M < v.tokens ? M : v.tokens, v.rows, plan);
+  plan->row_blocks = row_blocks;
+  plan->m_tiles = m_tiles;
+  plan->rows = v.rows;
+  plan->tiles = variant;
+  plan->kernel = 3;
+  plan->x_rows = m_tiles * v.tokens;
+  plan->x_cols = kblocks * 128;
+  return cudaSuccess;
+}
+
+cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qweight, const int32_t* qzeros,
+                                 const void* scales, const void* bias, void* y, float* partial, int* counters,
+                                 int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
+                                 cudaStream_t stream) {
+  WsVariant v;
+  if (!ws_shapes_ok(M, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows || plan.splits < 1 ||
+      x_tiles == nullptr || plan.x_cols != (K + 127) / 128 * 128 || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
+      plan.x_rows != plan.m_tiles * v.tokens || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
+    return cudaErrorInvalidValue;
+  BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
+  a.x_stride = a.x_cols = plan.x_cols;
+  a.kb_per_split = plan.kb_per_split;
+  a.splits = plan.splits;
+  a.m_tiles = plan.m_tiles;
+  const int64_t chunks = (int64_t)plan.x_rows * a.kblocks * 16;
+  v.tile_x<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(
+      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);
+  const dim3 grid(plan.row_blocks, plan.splits, plan.m_tiles);
+  v.fn<<<grid, kWsThreads, v.smem, stream>>>(a);
   return cudaGetLastError();
 }
 

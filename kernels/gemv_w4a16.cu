@@ -9,7 +9,7 @@
 //       weight is never rounded to fp16: the result differs from the fp16-weight reference
 //       (w4cli.formats.w4_gemv.gemv_reference) by the weight rounding, |dw| <= 2^-11 |w| per
 //       weight, so |dy| <= 2^-11 sum |x||w| in the worst case (all roundings one way) and about
-//       sqrt(K) 2^-12 |x||w| typically. w4cli/checks.py's bound (2^-10 |ref| + 4 K 2^-24
+//       sqrt(K) 2^-12 |x||w| typically. w4cli/gpu/checks.py's bound (2^-10 |ref| + 4 K 2^-24
 //       |x|@|W| + 2^-24) holds it: its K term alone covers the worst case for K >= 2048, and the
 //       path is only taken for K >= 4096, where that is at most half of the K term (without the
 //       limit a K = 128 layer fails the bound: tests/test_gemv_cli_gpu.py). Data whose products
@@ -65,7 +65,7 @@
 //   Tails: N % 16 == 8 (last tile half empty: rows g+8 not stored; the checked paths do not load
 //   them, the unpredicated ones re-read rows g), K % 128 != 0 (qweight padded by repack;
 //   activations past K are never read: the partial k-block takes the checked path).
-//   M > 8 is split into launches of 8 rows by w4cli.kernels.gemv (each re-reads the weight).
+//   M > 8 is split into launches of 8 rows by w4cli.gpu.kernels.gemv (each re-reads the weight).
 // Numerics: as above; the tensor cores add exact products in fp32 (their internal
 //   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
 //   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
@@ -525,7 +525,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 
   // scale after the mma: needs every 128-k block inside one group, and K >= 4096 so that the
   // skipped weight rounding (at most 2^-11 sum |x||w|) stays within half of the tolerance's K term
-  // (4 K 2^-24 sum |x||w|, w4cli/checks.py); smaller layers take the per-weight path
+  // (4 K 2^-24 sum |x||w|, w4cli/gpu/checks.py); smaller layers take the per-weight path
   const bool post = (groups == 1 || G % 128 == 0) && K >= 4096;
   const KernelFn fn = !post                       ? gemv_w4a16_lean_kernel
                       : (G == 128 && groups > 1) ? gemv_w4a16_pipe_kernel<2, true>

@@ -1,4 +1,4 @@
-// ops.cpp: the only torch binding of the w4 kernels (built by w4cli/kernels.py with
+// ops.cpp: the only torch binding of the w4 kernels (built by w4cli/gpu/kernels.py with
 // torch.utils.cpp_extension.load). Every argument is checked here, with a readable message, before
 // any launch; the kernels themselves are torch-free (kernels/w4_kernels.h).
 #include <c10/cuda/CUDAStream.h>
@@ -197,7 +197,7 @@ LayerShape check_operands(const at::Tensor& x, const at::Tensor& qweight, const 
   TORCH_CHECK(x.is_contiguous(), msg("gemv: x must be contiguous (row-major), got a strided ",
               describe(x), "; call .contiguous() first"));
   TORCH_CHECK(x.size(0) <= max_m, msg(who, ": x has M = ", x.size(0), " rows; the kernel takes at most ",
-              max_m, " (w4cli.kernels.gemv splits larger batches)"));
+              max_m, " (w4cli.gpu.kernels.gemv splits larger batches)"));
   const LayerShape shape = check_layer(qweight, qzeros, scales, x.size(1));
   gemv_check_aligned16(x, "x");
   *bias_ptr = nullptr;
@@ -233,15 +233,17 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
   return y;
 }
 
-// x [M, K] fp16, M <= 128 (64 on mma.sync); the layer; bias -> y [M, N] fp16.
-// splits, tiles: 0 = automatic; kernel: 1 = mma.sync, 2 = wgmma (w4_kernels.h).
+// x [M, K] fp16, M <= 128 (64 on mma.sync, 65536 on the warp-specialised kernel); the layer; bias -> y [M, N] fp16.
+// splits, tiles: 0 = automatic; kernel: 1 = mma.sync, 2 = wgmma, 3 = warp-specialised wgmma (w4_kernels.h).
 at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                               const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
                               int64_t splits, int64_t tiles, int64_t kernel) {
   const void* bias_ptr = nullptr;
-  const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, w4::kWgmmaMaxM, "batch", &bias_ptr);
+  TORCH_CHECK(kernel >= 1 && kernel <= 3,
+              msg("batch: kernel must be 1 (mma.sync), 2 (wgmma) or 3 (warp-specialised wgmma), got ", kernel));
+  const int64_t max_m = kernel == 3 ? w4::kWsMaxM : w4::kWgmmaMaxM;  // mma.sync's 64 is its plan's refusal
+  const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, max_m, "batch", &bias_ptr);
   TORCH_CHECK(splits >= 0 && splits <= 64, msg("batch: splits must be 0 (automatic) .. 64, got ", splits));
-  TORCH_CHECK(kernel == 1 || kernel == 2, msg("batch: kernel must be 1 (mma.sync) or 2 (wgmma), got ", kernel));
   gemv_check_aligned16(scales, "scales");  // copied to shared memory 16 bytes at a time
   const int64_t M = x.size(0);
   const c10::cuda::CUDAGuard guard(qweight.device());
@@ -256,12 +258,12 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
   at::Tensor partial, counters, x_perm;
   if (plan.splits > 1) {
     partial = at::empty({plan.splits, M, s.N}, x.options().dtype(at::kFloat));
-    counters = at::zeros({plan.row_blocks}, x.options().dtype(at::kInt));
+    counters = at::zeros({(int64_t)plan.row_blocks * plan.m_tiles}, x.options().dtype(at::kInt));
   }
-  if (plan.wgmma) x_perm = at::empty({M, plan.x_cols}, x.options());
+  if (plan.kernel != 1) x_perm = at::empty({plan.x_rows, plan.x_cols}, x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   err = w4::launch_gemm_w4a16_batch(
-      x.data_ptr(), plan.wgmma ? x_perm.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
+      x.data_ptr(), plan.kernel != 1 ? x_perm.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
       qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr, y.data_ptr(),
       plan.splits > 1 ? partial.data_ptr<float>() : nullptr,
       plan.splits > 1 ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, stream);
@@ -292,7 +294,7 @@ void register_gemv(py::module_& m) {
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("pdl") = false);
   m.def("gemm_w4_batch", &gemm_w4_batch_impl,
-        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 128, one read of W",
+        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, one read of W per tile of tokens",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0, py::arg("kernel") = 1);
   m.def("dequantize_w4_gemv", &dequantize_w4_gemv_impl,

@@ -36,23 +36,28 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
                               const void* scales, const void* bias, void* y, int64_t M, int64_t K,
                               int64_t N, int64_t G, int splits, bool pdl, cudaStream_t stream);
 
-// ---- batch (w4 GEMV layout, M = 9..128): kernels/gemm_w4a16_batch.cu (mma.sync, M <= 64, sm_80+)
-// and kernels/gemm_w4a16_wgmma.cu (wgmma, M <= 128, sm_90a) ----
+// ---- batch (w4 GEMV layout): kernels/gemm_w4a16_batch.cu (mma.sync, M <= 64, sm_80+) and
+// kernels/gemm_w4a16_wgmma.cu (wgmma, sm_90a: kernel 2, M <= 128; kernel 3, the warp-specialised
+// one, any M up to kWsMaxM in tiles of 64, 128 or 256 tokens) ----
 //
-// Same operands and result as launch_gemv_w4a16, in one read of the weight.
+// Same operands and result as launch_gemv_w4a16, one read of the weight per tile of tokens.
 // plan_gemm_w4a16_batch plans the kernel the caller names (`kernel`: 1 = mma.sync, 2 = wgmma,
-// compute capability 9.0 only; w4cli.kernels.gemv_path chooses by M), its row tiles per warp or
-// warpgroup (`tiles`, 0 = by shape) and the split-K count (`splits`, 0 = from a model of the
-// busiest SM; the tests and dev/ fix both to cover each). The caller then provides, when plan.splits > 1, partial
-// [splits, M, N] fp32 and counters [plan.row_blocks] int32 zeroed (the kernel leaves them
-// zeroed), and when plan.wgmma, x_perm [M, plan.x_cols] fp16 scratch. Both return
-// cudaErrorInvalidValue for arguments they cannot handle.
+// 3 = warp-specialised wgmma; 2 and 3 on compute capability 9.0 only; w4cli.gpu.kernels.gemv_path
+// chooses by M), its tiling (`tiles`, 0 = by shape: row tiles per warp or warpgroup for kernels
+// 1 and 2, the variant 1..5 of kernel 3, gemm_w4a16_wgmma.cu's pick_ws_variant) and the split-K
+// count (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix both to cover each).
+// The caller then provides, when plan.splits > 1, partial [splits, M, N] fp32 and counters
+// [plan.row_blocks * plan.m_tiles] int32 zeroed (the kernel leaves them zeroed), and for kernels 2
+// and 3 x_perm [plan.x_rows, plan.x_cols] fp16 scratch. Both return cudaErrorInvalidValue for
+// arguments they cannot handle.
 constexpr int64_t kBatchMaxM = 64;
 constexpr int64_t kWgmmaMaxM = 128;
+constexpr int64_t kWsMaxM = 65536;
 struct BatchPlan {
   int splits, kb_per_split, row_blocks, rows, tiles;
-  bool wgmma;
-  int x_cols;
+  int kernel;           // 1, 2 or 3, as asked
+  int m_tiles;          // tiles of tokens (kernel 3; 1 otherwise)
+  int x_rows, x_cols;   // the x_perm scratch (0 x 0 for kernel 1)
 };
 cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
                                   BatchPlan* plan);
@@ -60,13 +65,19 @@ cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* 
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, cudaStream_t stream);
-// The wgmma kernel's own plan and launch, called by the two above.
+// The wgmma kernels' own plans and launches, called by the two above.
 cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
                                   BatchPlan* plan);
 cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial, int* counters,
                                     int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
                                     cudaStream_t stream);
+cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
+                               BatchPlan* plan);
+cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qweight, const int32_t* qzeros,
+                                 const void* scales, const void* bias, void* y, float* partial, int* counters,
+                                 int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
+                                 cudaStream_t stream);
 
 // ---- dequantize (w4 GEMV layout), kernels/dequant_w4_gemv.cu ----
 //

@@ -40,8 +40,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def kernels():
-    """w4cli.kernels with the extension built and loaded: the first GPU test that asks pays the build."""
-    from w4cli import kernels as k
+    """w4cli.gpu.kernels with the extension built and loaded: the first GPU test that asks pays the build."""
+    from w4cli.gpu import kernels as k
 
     k.load()
     return k

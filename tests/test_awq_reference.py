@@ -9,7 +9,7 @@ import torch
 
 from tests.awq_builder import autoawq_reference, pack_words, random_layer
 from w4cli.formats import awq_gemm
-from w4cli.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
+from w4cli.gpu.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 
 def full_range_words(rows: int, cols: int, seed: int) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The batch kernels (kernels/gemm_w4a16_batch.cu on mma.sync, M <= 64, and gemm_w4a16_wgmma.cu on
-wgmma, M <= 128 on compute capability 9.0, each in one read of the weight), the GPU
-dequantize of the w4-gemv layout (kernels/dequant_w4_gemv.cu) and the paths w4cli.kernels.gemv picks
+wgmma, compute capability 9.0: M <= 128, and any M on its warp-specialised kernel, one read of the
+weight per tile of tokens), the GPU
+dequantize of the w4-gemv layout (kernels/dequant_w4_gemv.cu) and the paths w4cli.gpu.kernels.gemv picks
 by M, against the pure-torch reference: exact bits where the arithmetic is exact, the bound of
-w4cli/checks.py elsewhere, every split-K reduction and row tiling, tile tails, determinism.
+w4cli/gpu/checks.py elsewhere, every split-K reduction and row tiling, tile tails, determinism.
 
 Run: pytest -m gpu tests/test_batch_gpu.py   (builds the kernels on first use, about a minute)
 """
@@ -24,8 +25,8 @@ def exact_bias(n: int, seed: int) -> torch.Tensor:
 
 
 def kernel_or_skip(kernel: int) -> int:
-    if kernel == 2 and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma kernel needs compute capability 9.0")
+    if kernel in (2, 3) and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernels need compute capability 9.0")
     return kernel
 
 
@@ -33,7 +34,7 @@ def kernel_or_skip(kernel: int) -> int:
 # dequant+cuBLAS);
 # K = 4224 is 33 k-blocks, N = 8200 ends in a half-empty 16-row tile inside a partial row block;
 # 34.6 M weights: large enough for every path (contract.TINY_LAYER, WGMMA_CHUNKED_MIN_LAYER)
-@pytest.mark.parametrize("m", [9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 300])
+@pytest.mark.parametrize("m", [9, 16, 17, 31, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 300, 511, 1000, 4096])
 def test_exact_every_batch_size_with_bias(kernels, m):
     k, n, g = 4224, 8200, 128
     layer = make_layer(k, n, g, seed=m, exact=True)
@@ -59,9 +60,13 @@ SHAPES = [
 
 
 # (kernel, M, row tiles): the mma.sync kernel's variants (NT = 2 only at M <= 16), then the wgmma
-# kernel's (one m64 tile per warpgroup from M = 65)
+# kernel's (one m64 tile per warpgroup from M = 65), then the warp-specialised kernel's five
+# variants (tokens per tile 64, 64, 128, 128, 256 with 1, 2, 1, 2, 1 m64 tiles per warpgroup): a
+# partial tile of tokens, exactly one, several with a tail
 TILINGS = [(1, 9, 2), (1, 16, 2), (1, 24, 1), (1, 31, 2), (1, 40, 1), (1, 64, 2)] + [
-    (2, m, tiles) for m, tiles in [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1), (128, 1)]]
+    (2, m, tiles) for m, tiles in [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1), (128, 1)]] + [
+    (3, m, variant) for m, variant in [(1, 1), (64, 1), (130, 1), (17, 2), (200, 2), (100, 3), (128, 3), (300, 3),
+                                       (65, 4), (257, 4), (129, 5), (256, 5), (511, 5)]]
 
 
 @pytest.mark.parametrize("k,n,g", SHAPES)
@@ -95,6 +100,14 @@ def test_wgmma_random_real_shapes(hopper, k, n, m):
 REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
 
 
+@pytest.mark.parametrize("k,n", [(4096, 4096), (8192, 28672), (14336, 4096)])
+@pytest.mark.parametrize("m", [129, 256, 1000])
+def test_ws_random_real_shapes(hopper, k, n, m):
+    layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
+    x = activations(m, k, seed=m, exact=False)
+    assert_close(hopper._batch(x, **layer, kernel=3), x, layer, None)
+
+
 @pytest.mark.parametrize("k,n", REAL)
 @pytest.mark.parametrize("m", [16, 48, 64, 200])
 def test_random_real_shapes(kernels, k, n, m):
@@ -104,7 +117,7 @@ def test_random_real_shapes(kernels, k, n, m):
     assert_close(kernels.gemv(x, **layer, bias=bias), x, layer, bias)
 
 
-@pytest.mark.parametrize("m,kernel", [(16, 1), (64, 1), (40, 2), (128, 2)])
+@pytest.mark.parametrize("m,kernel", [(16, 1), (64, 1), (40, 2), (128, 2), (300, 3)])
 def test_deterministic_with_splits(kernels, m, kernel):
     # the split-K partials are added in split order whichever block arrives last
     kernel_or_skip(kernel)
@@ -127,10 +140,10 @@ def test_every_output_written(kernels):
             assert_exact(kernels._batch(x, **layer, splits=splits), ref)
 
 
-@pytest.mark.parametrize("kernel", [1, 2])
+@pytest.mark.parametrize("kernel", [1, 2, 3])
 def test_cuda_graph_capture_with_splits(kernels, kernel):
     # the split-K counters are allocated zeroed inside the capture (a memset node) on every
-    # replay; the wgmma kernel's permuted activations are rewritten on every replay too
+    # replay; the wgmma kernels' permuted activations are rewritten on every replay too
     kernel_or_skip(kernel)
     layer = make_layer(4096, 520, 128, seed=5, exact=True)
     ref = None
@@ -195,6 +208,12 @@ def test_binding_messages(kernels):
         mod.gemm_w4_batch(x[:100].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 1)
     with pytest.raises(RuntimeError, match="kernel must be 1"):
         mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 0)
+    if torch.cuda.get_device_capability() == (9, 0):
+        huge = torch.zeros(65537, 256, dtype=torch.float16, device=DEV)
+        with pytest.raises(RuntimeError, match="at most 65536"):
+            mod.gemm_w4_batch(huge, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3)
+        with pytest.raises(RuntimeError, match="no kernel"):  # variants are 1..5
+            mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 6, 3)
     store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
     odd = store[1:].view(layer["scales"].shape)
     with pytest.raises(RuntimeError, match="16-byte aligned"):

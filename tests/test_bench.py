@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from w4cli import contract, timing
+from w4cli.gpu import contract, timing
 from w4cli.bench import cases, render, runner, shapes
-from w4cli.checks import Mismatch
+from w4cli.gpu.checks import Mismatch
 from w4cli.bench.results import FAIL, PASS, SKIPPED, Report, Result, expected_distinct_experts, project
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_REFUSED, EXIT_USAGE, InputRefused, UsageError
 from w4cli.formats import awq_gemm, w4_gemv
@@ -355,7 +355,7 @@ def _fake_gemv(x, qweight, qzeros, scales, meta=None, bias=None, pdl=False):
 @pytest.fixture
 def cpu_runner(monkeypatch):
     """runner on the CPU: reference kernels, a harness that checks but does not time."""
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     fake = SimpleNamespace(
         dequantize_awq=lambda qw, qz, s, dtype=torch.float16, transpose=True: awq_gemm.dequantize(qw, qz, s, dtype, transpose),
@@ -415,7 +415,7 @@ def test_gemv_check_bound_is_tight_enough():
 
 
 def test_no_gpu_is_exit_3_with_one_line(w4, monkeypatch):
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU is visible to torch"))
     result = w4("bench", "--shape", "4096x4096", "--batch", "1,4")
@@ -434,7 +434,7 @@ def test_no_gpu_is_exit_3_with_one_line(w4, monkeypatch):
     ([], "--shape"),
 ])
 def test_usage_errors_are_exit_2_before_the_gpu_check(w4, monkeypatch, args, needle):
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU"))
     result = w4("bench", *args)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.awq_builder import small_model
 from w4cli import console
-from w4cli.writer import ConversionReport
+from w4cli.write.writer import ConversionReport
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_REFUSED
 
 FORGED = "o\nerror: all good"
@@ -177,7 +177,7 @@ def test_json_file_gets_the_failure_document(tmp_path, w4):
 
 
 def test_bench_without_a_gpu_still_answers_json(w4, monkeypatch):
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     monkeypatch.setattr(kernels, "probe", lambda: (False, "no CUDA GPU is visible to torch"))
     result = w4("bench", "--shape", "4096x4096", "--json", "-")

@@ -69,7 +69,7 @@ def test_empty_model_or_output_is_refused_not_the_current_directory(tmp_path, w4
     (["verify", "--quick"], "--junit"),
 ])
 def test_report_files_that_cannot_be_written_are_refused_first(tmp_path, w4, monkeypatch, command, option):
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     ran = []
     monkeypatch.setattr(kernels, "probe", lambda: ran.append("bench") or (False, "no GPU"))

@@ -15,7 +15,7 @@ from tests.awq_builder import install_hub_cache
 from tests.ct_builder import ct_checkpoint, ct_config, random_ct_layer, small_ct_model, weights_args
 from tests.test_dequantize_cli import dequantized, load_output
 from tests.test_refusals import assert_refused, assert_refused_by_dequantize_and_verify, rewrite_tensors
-from w4cli.checks import raw_bits as bits
+from w4cli.gpu.checks import raw_bits as bits
 from w4cli.errors import EXIT_FAILED
 
 UP = "model.layers.0.mlp.up_proj"

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from tests.awq_builder import Checkpoint, autoawq_reference, install_hub_cache, random_layer, small_model
-from w4cli.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
+from w4cli.gpu.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 
 

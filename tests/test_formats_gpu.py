@@ -15,7 +15,7 @@ import torch
 from tests.ct_builder import small_ct_model
 from tests.gptq_builder import gptq_checkpoint, random_gptq_layer
 from tests.test_dequantize_cli import load_output
-from w4cli.checks import raw_bits as bits
+from w4cli.gpu.checks import raw_bits as bits
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 

@@ -12,7 +12,7 @@ from tests.awq_builder import Checkpoint, random_layer, small_model
 from tests.ct_builder import small_ct_model
 from tests.gptq_builder import small_gptq_model
 from w4cli.errors import EXIT_ENVIRONMENT, EXIT_REFUSED, EXIT_USAGE
-from w4cli.checks import gemv_bound, gemv_errors
+from w4cli.gpu.checks import gemv_bound, gemv_errors
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour; this machine has a CUDA GPU")
 

@@ -1,4 +1,4 @@
-"""The W4A16 GEMV kernel (kernels/gemv_w4a16.cu via w4cli.kernels.gemv) against the pure-torch
+"""The W4A16 GEMV kernel (kernels/gemv_w4a16.cu via w4cli.gpu.kernels.gemv) against the pure-torch
 reference (w4cli.formats.w4_gemv.gemv_reference): exact bits where the arithmetic is exact,
 a justified bound elsewhere, every M from 1 to 8 (larger M: test_batch_gpu.py), tile tails, determinism,
 and the binding's error messages.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from w4cli.formats import w4_gemv
-from w4cli.checks import gemv_errors
+from w4cli.gpu.checks import gemv_errors
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
@@ -61,7 +61,7 @@ def assert_exact(out: torch.Tensor, ref32: torch.Tensor) -> None:
 
 
 def assert_close(out: torch.Tensor, x: torch.Tensor, layer, bias=None) -> None:
-    """Inside the bound of w4cli/checks.py (its docstring says why), against float64."""
+    """Inside the bound of w4cli/gpu/checks.py (its docstring says why), against float64."""
     w = w4_gemv.dequantize(**layer, dtype=torch.float16)  # [N, K], the kernel's exact W16
     errors = gemv_errors(out, x, w, bias)
     assert errors.passed, f"{errors.outside}; worst err/bound {errors.worst_over_bound:.3g}"

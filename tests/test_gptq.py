@@ -16,7 +16,7 @@ from tests.awq_builder import install_hub_cache
 from tests.gptq_builder import gptq_checkpoint, gptqmodel_reference, random_gptq_layer, small_gptq_model
 from tests.test_dequantize_cli import dequantized, load_output
 from tests.test_refusals import assert_refused, assert_refused_by_dequantize_and_verify, rewrite_tensors
-from w4cli.checks import raw_bits as bits
+from w4cli.gpu.checks import raw_bits as bits
 from w4cli.errors import EXIT_FAILED
 
 UP = "model.layers.0.mlp.up_proj"

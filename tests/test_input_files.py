@@ -76,6 +76,33 @@ def test_symlink_out_of_a_hub_snapshot_is_refused(tmp_path, w4, secret):
     assert_refused(result, tmp_path / "out", "tokenizer.json", "outside the checkpoint")
 
 
+@pytest.mark.parametrize("ref", ["../../../evil", "/etc", "main"])
+@pytest.mark.parametrize("command", ["dequantize", "verify"])
+def test_a_cache_ref_that_is_not_a_commit_is_refused(tmp_path, w4, ref, command):
+    """refs/main names the snapshot huggingface_hub answers from the cache; a path there would take
+    it outside the cache, where a checkpoint waits to be read in place of the one asked for."""
+    files = small_model().write(tmp_path / "files")
+    cache = tmp_path / "cache" / "hub"
+    install_hub_cache(cache, REPO, files)
+    small_model(seed=1).write(tmp_path / "evil")  # where "../../../evil" leads from snapshots/
+    (cache / "models--org--tiny-awq" / "refs" / "main").write_text(ref)
+    args = ["dequantize", REPO, tmp_path / "out", "--device", "cpu"] if command == "dequantize" else ["verify", REPO]
+    result = w4(*args, "--cache-dir", cache)
+    assert_refused(result, tmp_path / "out", "refs/main", repr(ref), "not a commit hash")
+
+
+def test_a_cache_ref_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    files = small_model().write(tmp_path / "files")
+    cache = tmp_path / "hub"
+    install_hub_cache(cache, REPO, files)
+    ref = cache / "models--org--tiny-awq" / "refs" / "main"
+    ref.unlink()
+    os.mkfifo(ref)
+    result = run_w4("verify", REPO, "--cache-dir", cache, timeout=60)
+    assert result.returncode == EXIT_REFUSED, result.stderr
+    assert "refs/main is a FIFO" in one_error_line(result)
+
+
 def test_symlinks_into_the_repos_own_blobs_are_read(tmp_path, w4):
     """The Hub cache is made of links from snapshots/ into blobs/: they are the checkpoint."""
     files = small_model().write(tmp_path / "files", extra_files={"tokenizer.json": "{\"v\": 1}"})
@@ -185,7 +212,7 @@ def test_duplicate_tensor_name_in_a_header_is_refused(tmp_path, w4):
 
 def test_tensor_data_read_back_at_its_own_offsets(tmp_path, w4):
     """Positioned reads: every tensor of a multi-tensor shard comes back with its own bytes."""
-    from w4cli.checkpoint import open_checkpoint
+    from w4cli.read.checkpoint import open_checkpoint
 
     ckpt = small_model()
     src = ckpt.write(tmp_path / "src")

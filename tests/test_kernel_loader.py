@@ -1,4 +1,4 @@
-"""CPU tests of the kernel loader (w4cli/kernels.py): no CUDA, no nvcc, nothing compiled."""
+"""CPU tests of the kernel loader (w4cli/gpu/kernels.py): no CUDA, no nvcc, nothing compiled."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from w4cli import kernels
+from w4cli.gpu import kernels
 from w4cli.errors import EXIT_ENVIRONMENT, EnvironmentUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,10 +84,10 @@ def test_dequantize_without_gpu_raises_environment(no_gpu):
 
 
 def test_import_builds_nothing(tmp_path):
-    """Importing w4cli.kernels in a fresh interpreter must not build, compile or touch the cache."""
+    """Importing w4cli.gpu.kernels in a fresh interpreter must not build, compile or touch the cache."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     code = (
-        "import sys, w4cli.kernels as k; "
+        "import sys, w4cli.gpu.kernels as k; "
         "assert k._module is None; "
         "assert 'torch.utils.cpp_extension' not in sys.modules or True; "
         "print('ok')"
@@ -214,9 +214,9 @@ def test_module_reimports_cleanly():
 
 
 def test_gemv_paths_by_batch_size_and_shape():
-    from w4cli import kernels
-    from w4cli.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, TINY_LAYER_DEQUANT_M,
-                                WGMMA_CHUNKED_MAX_M, WGMMA_MAX_M, WGMMA_MIN_M)
+    from w4cli.gpu import kernels
+    from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, TINY_LAYER_DEQUANT_M,
+                                    WGMMA_MAX_M, WGMMA_MIN_M, WS_MAX_M, WS_MIN_M)
 
     big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
@@ -232,10 +232,10 @@ def test_gemv_paths_by_batch_size_and_shape():
     assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big) == "dequant+cuBLAS"
     assert kernels.gemv_path(WGMMA_MIN_M, *small, wgmma=True) == "wgmma"
     assert kernels.gemv_path(WGMMA_MAX_M, *big, wgmma=True) == "wgmma"
-    assert kernels.gemv_path(WGMMA_MAX_M + 1, *big, wgmma=True) == "wgmma x2"
-    assert kernels.gemv_path(WGMMA_CHUNKED_MAX_M, *big, wgmma=True) == "wgmma x2"
-    assert kernels.gemv_path(WGMMA_CHUNKED_MAX_M + 1, *big, wgmma=True) == "dequant+cuBLAS"
-    assert kernels.gemv_path(WGMMA_MAX_M + 1, *medium, wgmma=True) == "dequant+cuBLAS"  # below the chunking's size
+    assert kernels.gemv_path(WS_MIN_M - 1, *big, wgmma=True) == "wgmma"
+    for m in (WS_MIN_M, 4096, WS_MAX_M):  # one launch for any M, every layer size
+        assert kernels.gemv_path(m, *big, wgmma=True) == "wgmma ws"
+        assert kernels.gemv_path(m, *medium, wgmma=True) == "wgmma ws"
     for wgmma in (False, True):  # k_proj-sized layers fill too few SMs from 64 rows on
         assert kernels.gemv_path(TINY_LAYER_DEQUANT_M - 1, *small, wgmma=wgmma) != "dequant+cuBLAS"
         assert kernels.gemv_path(TINY_LAYER_DEQUANT_M, *small, wgmma=wgmma) == "dequant+cuBLAS"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from w4cli.formats import awq_gemm
-from w4cli.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
+from w4cli.gpu.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 

@@ -99,7 +99,7 @@ def filesystem(request, monkeypatch):
     """The real renameat2, or one that answers EINVAL to its flags as NFS does, so that w4 falls
     back to rename(2) and moving the old directory aside."""
     if request.param == "nfs":
-        import w4cli.rename as rename
+        import w4cli.write.rename as rename
 
         def nfs_renameat2(*args):
             ctypes.set_errno(errno.EINVAL)

@@ -202,7 +202,7 @@ def test_output_inside_the_input(tmp_path, w4):
 
 def test_interruption_leaves_nothing_that_looks_complete(tmp_path, w4, monkeypatch):
     import w4cli.dequantize as dequantize
-    import w4cli.output_dir as output_dir
+    import w4cli.write.output_dir as output_dir
 
     src = small_model().write(tmp_path / "src")
     real = dequantize.cpu_dequantizer

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from tests.awq_builder import Checkpoint, install_hub_cache, random_layer, small_model
 from tests.test_dequantize_cli import load_output
 from w4cli.errors import EXIT_REFUSED
-from w4cli.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
+from w4cli.gpu.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 
 

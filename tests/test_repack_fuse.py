@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.awq_builder import Checkpoint, random_layer
 from tests.test_dequantize_cli import load_output
-from w4cli.checks import raw_bits as bits
+from w4cli.gpu.checks import raw_bits as bits
 from w4cli.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from w4cli.formats import w4_gemv
 

@@ -1,4 +1,4 @@
-"""Stop signals held and released (w4cli/signals.py), and the writer's hand-over to its thread
+"""Stop signals held and released (w4cli/write/signals.py), and the writer's hand-over to its thread
 when a stop signal lands inside it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from w4cli import signals
-from w4cli.writer import _Writer
+from w4cli.write import signals
+from w4cli.write.writer import _Writer
 
 
 @pytest.fixture

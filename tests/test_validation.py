@@ -172,7 +172,7 @@ def test_altered_w4_gemv_padding_is_refused_by_every_command(tmp_path, w4):
 def test_finiteness_is_checked_past_the_first_chunk(tmp_path, w4, monkeypatch):
     """Large tensors are tested a chunk at a time: a NaN in a later chunk is still found, with
     its index in the tensor (not in the chunk)."""
-    from w4cli import layers
+    from w4cli.read import layers
 
     monkeypatch.setattr(layers, "FINITE_CHUNK", 100)
     ckpt = small_model(seed=5)

@@ -10,7 +10,7 @@ import torch
 from tests.awq_builder import autoawq_reference, random_layer
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm, w4_gemv
-from w4cli.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
+from w4cli.gpu.checks import raw_bits as bits  # raw bits: +0.0 != -0.0, NaN payloads compare
 
 
 def full_range_words(rows: int, cols: int, seed: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from w4cli.writer import OutputTensor, plan_shards, write_shards
+from w4cli.write.writer import OutputTensor, plan_shards, write_shards
 
 
 def output(name: str, value: torch.Tensor) -> OutputTensor:
@@ -54,7 +54,7 @@ def test_a_producer_that_lies_about_its_shape_is_caught(tmp_path):
 
 
 def test_a_failing_write_on_the_writer_thread_is_raised(tmp_path, monkeypatch):
-    import w4cli.writer as writer
+    import w4cli.write.writer as writer
 
     class FullDisk:
         def __init__(self, *args):

@@ -12,15 +12,15 @@ from typing import Any
 import torch
 
 from w4cli import console
-from w4cli.checkpoint import DTYPES as SAFETENSORS_DTYPES
-from w4cli.checkpoint import FLOAT_CODES
-from w4cli.contract import OUT_DTYPES, PACK
+from w4cli.read.checkpoint import DTYPES as SAFETENSORS_DTYPES
+from w4cli.read.checkpoint import FLOAT_CODES
+from w4cli.gpu.contract import OUT_DTYPES, PACK
 from w4cli.errors import EnvironmentUnavailable, InputRefused
 from w4cli.formats import awq_gemm, compressed_tensors, gptq, w4_gemv
 from w4cli.formats.unpacked import UnpackedLinear
-from w4cli.layers import QuantLinear, QuantModel
-from w4cli.quant_config import AWQ_GEMM, GPTQ, W4_GEMV, QuantScheme
-from w4cli.writer import OutputTensor
+from w4cli.read.layers import QuantLinear, QuantModel
+from w4cli.read.quant_config import AWQ_GEMM, GPTQ, W4_GEMV, QuantScheme
+from w4cli.write.writer import OutputTensor
 
 DTYPES = {name: getattr(torch, name) for name in OUT_DTYPES}  # what --dtype names, as torch dtypes
 
@@ -43,7 +43,7 @@ class Dequantizer:
         layers run on the CPU reference, bit-identical either way."""
         if self.device == "cpu" or layer.g_idx is not None or layer.shape[0] % PACK:
             return layer.dequantize(dtype)
-        return self.awq(*layer.to_awq(), dtype)
+        return self.awq(*awq_gemm.pack_linear(layer), dtype)
 
 
 def cpu_dequantizer(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -79,7 +79,7 @@ def select_dequantizer(device: str) -> tuple[str, Dequantizer]:
     """The GPU kernel when asked for or when auto finds it usable; the CPU reference otherwise."""
     if device == "cpu":
         return "cpu", reference()
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     usable, reason = kernels.probe()
     if usable:
@@ -133,7 +133,7 @@ def awq_tensors(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tens
         raise InputRefused(f"{layer.prefix}: its g_idx permutes the groups (act-order), which the AWQ layout the kernels take cannot express")
     if layer.out_features % PACK:
         raise InputRefused(f"{layer.prefix}: out_features {layer.out_features} is not a multiple of {PACK}, which the AWQ layout the kernels take needs")
-    return unpacked.to_awq()
+    return awq_gemm.pack_linear(unpacked)
 
 
 def layer_weight(scheme: QuantScheme, layer: QuantLinear, t: dict[str, torch.Tensor], dtype: torch.dtype, dequantizer: Dequantizer) -> torch.Tensor:
@@ -182,7 +182,7 @@ def _plain_tensor(model: QuantModel, name: str, dtype: torch.dtype) -> OutputTen
 
 
 class _LastFused:
-    """A fused linear's whole weight or bias (w4cli/fuse.py), kept while its parts are written in a
+    """A fused linear's whole weight or bias (w4cli/formats/fuse.py), kept while its parts are written in a
     row, so it is read and dequantized once."""
 
     def __init__(self) -> None:

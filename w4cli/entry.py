@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from w4cli import signals
+from w4cli.write import signals
 from w4cli.errors import EXIT_INTERRUPTED
 
 

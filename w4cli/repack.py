@@ -12,17 +12,17 @@ from typing import Any
 
 import torch
 
-from w4cli import fuse
-from w4cli.checkpoint import DTYPES
-from w4cli.contract import gemv_refusal
+from w4cli.formats import fuse
+from w4cli.read.checkpoint import DTYPES
+from w4cli.gpu.contract import gemv_refusal
 from w4cli.dequantize import awq_tensors, torch_dtype_name
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
 from w4cli.formats.unpacked import identity_groups
-from w4cli.fuse import FusedGroup
-from w4cli.layers import QuantLinear, QuantModel
-from w4cli.quant_config import W4_GEMV, w4_gemv_config
-from w4cli.writer import OutputTensor
+from w4cli.formats.fuse import FusedGroup
+from w4cli.read.layers import QuantLinear, QuantModel
+from w4cli.read.quant_config import W4_GEMV, w4_gemv_config
+from w4cli.write.writer import OutputTensor
 
 DEQUANTIZE_STILL_WORKS = "w4 dequantize still reads the checkpoint"
 

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from w4cli import kernels
+from w4cli.gpu import kernels
 from w4cli.bench import cases
 
 layer = cases.Layer(8192, 28672, 128, seed=1)

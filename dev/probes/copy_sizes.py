@@ -1,6 +1,6 @@
 """Probe (not part of w4): the SM copy kernel's rate at the byte counts of the dequantize shapes.
 
-The copy ceiling in w4cli/timing.py is measured at 512 MiB. A kernel that moves fewer bytes also pays
+The copy ceiling in w4cli/gpu/timing.py is measured at 512 MiB. A kernel that moves fewer bytes also pays
 a launch ramp and a drain, and so does a copy of that size. This times `torch.bitwise_not` (the
 harness's copy kernel) over rotating sets of 42, 148, 169 and 592 MB (read + write), the totals
 of the 4096x4096, 4096x14336, 8192x8192 and 8192x28672 dequantizations, against the 512 MiB copy
@@ -11,7 +11,7 @@ in the same run (dev/LOG.md, dequantize, item 9).
 
 import torch
 
-from w4cli.timing import copy_bandwidth, measure
+from w4cli.gpu.timing import copy_bandwidth, measure
 
 
 def main() -> None:

@@ -3,19 +3,19 @@
 A Method is one way to compute y = x @ W^T for a linear layer (or, for the dequantize kernel, W
 itself): how to make its inputs, how to run it, how to check its output against the reference, and
 how many bytes one call is credited with. `method.case(layer, m)` binds it to one layer and batch
-size M; `case.measure()` is w4cli/timing.py's check-then-time. Adding a method (a batch kernel, a peer
+size M; `case.measure()` is w4cli/gpu/timing.py's check-then-time. Adding a method (a batch kernel, a peer
 to compare with) is adding one Method to METHODS: the runner, the tables and the JSON follow.
 
     fp16 cuBLAS     torch.nn.functional.linear(x, W) on fp16
-    w4 GEMV         w4cli.kernels.gemv on w4_gemv.repack_from_awq tensors
-    w4 dequant+mm   w4cli.kernels.dequantize_awq(..., transpose=True) then F.linear (the large-M path)
+    w4 GEMV         w4cli.gpu.kernels.gemv on w4_gemv.repack_from_awq tensors
+    w4 dequant+mm   w4cli.gpu.kernels.dequantize_awq(..., transpose=True) then F.linear (the large-M path)
     torch int4      torch._weight_int4pack_mm (tinygemm; bf16 activations, bf16 scale+zero pairs)
     w4 dequantize   the dequantize kernel alone, once per shape
 
-Checks (w4cli/checks.py), and why each tolerance:
+Checks (w4cli/gpu/checks.py), and why each tolerance:
     w4 dequantize  bit-exact against awq_gemm.dequantize: (q - z) * s is exact in fp32 and rounded
                    once, so any differing bit is a bug.
-    w4 GEMV        the GEMV bound of w4cli/checks.py, whose docstring derives it.
+    w4 GEMV        the GEMV bound of w4cli/gpu/checks.py, whose docstring derives it.
     fp16 cuBLAS, w4 dequant+mm, torch int4: normwise relative error against a float64 reference
                    below 1e-2 (2e-2 for bf16 torch int4). These are baselines, not what w4 tests
                    here; the check catches a wrong layout or transpose (error ~1), and cuBLAS may use
@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from w4cli import checks, contract, kernels, timing
+from w4cli.gpu import checks, contract, kernels, timing
 from w4cli.formats import awq_gemm, w4_gemv
 
 FP16 = "fp16"
@@ -121,7 +121,7 @@ class CheckpointLayer(Layer):
 
 @dataclass(frozen=True)
 class Case:
-    """One method on one layer at one batch size: what w4cli.timing.measure takes."""
+    """One method on one layer at one batch size: what w4cli.gpu.timing.measure takes."""
 
     name: str
     inputs: Callable[[int], tuple]  # input set i; the harness makes as many as cover 4x L2

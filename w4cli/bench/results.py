@@ -39,7 +39,7 @@ class Result:
 
     @classmethod
     def from_timing(cls, k: int, n: int, m: int | None, method: str, t: Any, note: str = "") -> "Result":
-        """From a w4cli.timing.Timing."""
+        """From a w4cli.gpu.timing.Timing."""
         return cls(k, n, m, method, PASS, note, t.bytes_moved, t.median_us, t.p10_us, t.p90_us, t.min_us, t.spread,
                    t.gbps, t.pct_of_copy, t.replays, t.input_sets, t.working_set_bytes, t.l2_bytes)
 

@@ -1,5 +1,5 @@
 """The GPU side of `w4 bench`: every method of cases.py on every shape and batch size, each measured
-with its case (check, then time, through w4cli/timing.py) and recorded as a Result: pass with its
+with its case (check, then time, through w4cli/gpu/timing.py) and recorded as a Result: pass with its
 times, FAIL (its output did not match the reference: no time), or skipped with why.
 
 Per shape, in table order: the methods measured once per shape (the dequantize kernel alone), then
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from w4cli import __version__, timing
+from w4cli import __version__
+from w4cli.gpu import timing
 from w4cli.bench import cases, step as decode_step
 from w4cli.bench.cases import METHODS, Layer, Method
 from w4cli.bench.results import FAIL, SKIPPED, Report, Result
@@ -131,7 +132,7 @@ def run(shapes: list[Shape], batches: list[int], group: int, *, model: ModelShap
     env["copy_method"] = copy.name
     env["replays"] = replays
     env["method"] = (f"each measurement: one CUDA graph over rotating input sets >= {timing.L2_MULTIPLE:g}x L2, "
-                     f"3 warm-up replays, median of {replays} timed replays (w4cli/timing.py)")
+                     f"3 warm-up replays, median of {replays} timed replays (w4cli/gpu/timing.py)")
     report = Report(env, copy.gbps, copy.name, group, batches, shapes, results, model, steps=steps)
     if why_not:
         report.notes.append(why_not)

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from w4cli.contract import GEMV_GROUP
+from w4cli.gpu.contract import GEMV_GROUP
 from w4cli.errors import InputRefused, UsageError
 
 LLAMA_STYLE = {

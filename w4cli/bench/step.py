@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from w4cli import contract
+from w4cli.gpu import contract
 from w4cli.bench.shapes import Linear, ModelShapes
 
 FP16 = "fp16"
@@ -147,7 +147,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
     (kernels.gemv); on a CPU device (the tests) memory and L2 are not asked for."""
     import torch
 
-    from w4cli import timing
+    from w4cli.gpu import timing
     from w4cli.formats import w4_gemv
 
     cuda = device == "cuda"
@@ -224,7 +224,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
         weight_bytes = sum(t.numel() * t.element_size() for t in flat)
         multiple = timing.L2_MULTIPLE if weight_bytes >= timing.L2_MULTIPLE * l2 else 0.0
         def timed(fn: Callable[..., torch.Tensor], x: torch.Tensor, nbytes: int, name: str) -> float:
-            """The graph's median; its replay must give the eager result (w4cli/timing.py checks)."""
+            """The graph's median; its replay must give the eager result (w4cli/gpu/timing.py checks)."""
             eager = fn(x)
 
             def same_as_eager(out: torch.Tensor, args: tuple) -> bool:

@@ -19,7 +19,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from w4cli import console, contract, hub
+from w4cli import console
+from w4cli.gpu import contract
+from w4cli.read import hub
 from w4cli.bench import shapes
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
 from w4cli.options import CacheDirOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
@@ -77,7 +79,7 @@ def bench(
     model_shapes = None
     todo: list[shapes.Shape] = []
     if model is not None:
-        from w4cli.checkpoint import read_json
+        from w4cli.read.safe_files import read_json
 
         snapshot = hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=hub.CONFIG_PATTERNS)
         model_shapes = shapes.from_config(read_json(snapshot.path / "config.json"), model)
@@ -91,7 +93,7 @@ def bench(
         _dry_run(todo, batches, group, model_shapes, json_file, markdown)
         return
 
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     usable, reason = kernels.probe()
     if not usable:

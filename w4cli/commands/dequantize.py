@@ -49,8 +49,9 @@ def dequantize(
     Every quantized linear becomes PREFIX.weight (out_features x in_features) = (q - z) * s, rounded once to --dtype; in the scales' dtype (--dtype auto, the default for GPTQ and compressed-tensors; float16 for AWQ) it is bit-identical to the format's own library. Other tensors are cast, tokenizer and generation files copied, and the output directory appears only when complete.
     """
     from w4cli.dequantize import DTYPES, choose_dtype, dense_config, plan_tensors, select_dequantizer
-    from w4cli.source import files_to_copy, open_for_conversion
-    from w4cli.writer import parse_size, write_checkpoint
+    from w4cli.read.source import files_to_copy
+    from w4cli.write.output_dir import open_for_conversion
+    from w4cli.write.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)
     awq, output, origin = open_for_conversion(ctx, model, output_dir, force, revision, token, cache_dir, include_code)

@@ -1,6 +1,6 @@
-"""`w4 gemv`: run w4's W4A16 kernels (the one w4cli.kernels.gemv picks for the batch size, named in
+"""`w4 gemv`: run w4's W4A16 kernels (the one w4cli.gpu.kernels.gemv picks for the batch size, named in
 the table's "kernel" column) on checkpoint layers or a random shape, check every output
-against the float64 reference (w4cli/checks.py), then time it (w4cli/bench/cases.py). Correctness
+against the float64 reference (w4cli/gpu/checks.py), then time it (w4cli/bench/cases.py). Correctness
 gates speed: a layer whose output is outside the bound gets no time."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from w4cli import console, contract
+from w4cli import console
+from w4cli.gpu import contract
 from w4cli.bench.shapes import MAX_BATCH, check_group, parse_shape
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, UsageError
 from w4cli.options import SEED_MAX, CacheDirOpt, Device, DeviceOpt, JsonOpt, RevisionOpt, TokenOpt, not_empty
@@ -27,7 +28,7 @@ class GemvResult:
     group_size: int
     batch: int
     device: str  # "cuda": the kernel ran; "cpu": the reference alone
-    kernel: str | None = None  # the path w4cli.kernels.gemv took at this M (kernels.gemv_path)
+    kernel: str | None = None  # the path w4cli.gpu.kernels.gemv took at this M (kernels.gemv_path)
     max_abs_err: float | None = None
     rel_err: float | None = None
     worst_err_over_bound: float | None = None
@@ -50,7 +51,7 @@ def _device(device: Device) -> str:
     if device is Device.cpu:
         console.note("note: --device cpu runs the fp32 reference alone; no kernel is checked or timed")
         return "cpu"
-    from w4cli import kernels
+    from w4cli.gpu import kernels
 
     usable, reason = kernels.probe()
     if not usable:
@@ -62,7 +63,7 @@ def _model_layers(model: str, patterns: list[str], revision, token, cache_dir):
     """(name, w4-gemv tensors, bias) for each selected linear, converted in memory from AWQ, GPTQ
     or compressed-tensors (repack.w4_gemv_layer)."""
     from w4cli.repack import w4_gemv_layer
-    from w4cli.source import open_quantized, resolve
+    from w4cli.read.source import open_quantized, resolve
 
     quantized = open_quantized(resolve(model, revision, token, cache_dir).path)
     selected = [
@@ -108,7 +109,7 @@ def _check_layer(name: str, layer: dict, bias, batch: int, seed: int, device: st
         w4_gemv.gemv_reference(x, *(layer[s] for s in w4_gemv.TENSOR_NAMES), bias=bias)
         return result
 
-    from w4cli import kernels, timing
+    from w4cli.gpu import kernels, timing
     from w4cli.bench import cases
 
     result.kernel = kernels.gemv_path(batch, k, n)
@@ -161,7 +162,7 @@ def gemv(
                                                   metavar="MODEL", parser=not_empty)] = None,
     layer: Annotated[Optional[list[str]], typer.Option("--layer", help="Layer prefix or glob (repeatable); default: every quantized layer.")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="KxN of a random layer instead of MODEL (repeatable).")] = None,
-    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M. The kernel follows M, the layer and the GPU: up to {contract.GEMV_MAX_M} the GEMV, then a batch kernel (one read of the weight; up to {contract.WGMMA_MAX_M} rows per launch on Hopper, {contract.BATCH_MAX_M} elsewhere), beyond {contract.WGMMA_CHUNKED_MAX_M} (Hopper) or {contract.BATCH_CHUNKED_MAX_M} rows dequantize + cuBLAS; the table's kernel column names it.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", "-m", min=1, max=MAX_BATCH, help=f"Activation rows M. The kernel follows M, the layer and the GPU: up to {contract.GEMV_MAX_M} the GEMV, then a batch kernel (one read of the weight; on Hopper any M in one launch, elsewhere {contract.BATCH_MAX_M} rows per launch and dequantize + cuBLAS beyond {contract.BATCH_CHUNKED_MAX_M}); the table's kernel column names it.")] = 1,
     group: Annotated[int, typer.Option("--group", help="Group size for --shape (-1: one group).")] = 128,
     seed: Annotated[int, typer.Option("--seed", min=0, max=SEED_MAX, help="Seed for activations and random weights.")] = 0,
     time_it: Annotated[bool, typer.Option("--time/--no-time", help="Time each layer that passes.")] = True,
@@ -184,7 +185,7 @@ def gemv(
     layers = _random_layers(shapes, group, seed) if shapes else _model_layers(model, layer or [], revision, token, cache_dir)
     copy = None
     if where == "cuda" and time_it:
-        from w4cli import timing
+        from w4cli.gpu import timing
 
         copy = timing.copy_bandwidth()
     results = []

@@ -41,10 +41,11 @@ def repack(
 
     Lossless: dequantizing the output gives bit-for-bit the weights of the input. Other tensors and the tokenizer files are copied unchanged; config.json names the layout, so every w4 command reads the result.
     """
-    from w4cli.fuse import parse_fuse
+    from w4cli.formats.fuse import parse_fuse
     from w4cli.repack import check_repackable, fused_groups, plan_tensors, repacked_config
-    from w4cli.source import files_to_copy, open_for_conversion
-    from w4cli.writer import parse_size, write_checkpoint
+    from w4cli.read.source import files_to_copy
+    from w4cli.write.output_dir import open_for_conversion
+    from w4cli.write.writer import parse_size, write_checkpoint
 
     shard_bytes = parse_size(max_shard_size)
     fusions = parse_fuse(fuse)

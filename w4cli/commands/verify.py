@@ -67,8 +67,8 @@ def verify(
         raise UsageError("--quick selects the self-test's shapes; it does not apply to w4 verify MODEL or OUTPUT")
 
     if against is not None:
-        from w4cli.source import resolve
-        from w4cli import provenance
+        from w4cli.read.source import resolve
+        from w4cli.write import provenance
         from w4cli.verify import compare
 
         output = Path(target).expanduser()
@@ -91,7 +91,7 @@ def verify(
                                 describe(Gpu(None, "not used: the fresh conversion runs on the CPU reference"), None))
             compare.run(report, output.resolve(), source, include_code)
     elif target is not None:
-        from w4cli.source import resolve
+        from w4cli.read.source import resolve
         from w4cli.verify import integrity
 
         snapshot = resolve(target, revision, token, cache_dir)

@@ -1,1 +1,1 @@
-"""One module per weight layout: its constants, validation, packing and reference math."""
+"""One module per weight layout: its constants, validation, packing and reference math; and fusion of layers."""

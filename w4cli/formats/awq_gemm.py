@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from w4cli.contract import PACK
+from w4cli.gpu.contract import PACK
 from w4cli.formats.unpacked import UnpackedLinear
 
 # nibble i (bits 4i..4i+3) of a packed word holds element AWQ_ORDER[i] of its 8 channels
@@ -100,6 +100,15 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
 def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> UnpackedLinear:
     # transpose the one-byte codes rather than the 2- or 4-byte results
     return UnpackedLinear(unpack(qweight).t().contiguous(), unpack(qzeros).t(), scales.t())
+
+
+def pack_linear(layer: UnpackedLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]) in this layout, the one the kernels
+    and w4-gemv take: the same weights, losslessly. Only for contiguous groups (g_idx None) and N a
+    multiple of 8; callers check both (repack refuses, dequantize falls back)."""
+    if layer.g_idx is not None:
+        raise ValueError("a permuting g_idx has no AWQ gemm form")
+    return pack(layer.codes.t()), pack(layer.zeros.t()), layer.scales.t().contiguous()
 
 
 # -> [N, K] (nn.Linear layout) when transpose, else [K, N]; (q - z) * s rounded once to dtype

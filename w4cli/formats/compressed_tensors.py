@@ -17,10 +17,11 @@ the nibbles are used as they are. Symmetric groups store no zero point: it is si
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from w4cli.contract import PACK
-from w4cli.ct_config import WeightArgs
+from w4cli.gpu.contract import PACK
 from w4cli.errors import InputRefused
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
 
@@ -28,6 +29,15 @@ REQUIRED = ("weight_packed", "weight_scale", "weight_shape")
 OPTIONAL = ("weight_zero_point", "weight_g_idx")
 SCALE_DTYPES = (torch.float16, torch.bfloat16)
 SYMMETRIC_ZERO = 8  # signed 0 stored with the +8 offset
+
+
+@dataclass(frozen=True)
+class WeightArgs:
+    """What a config group says of its weights (read/ct_config.py reads it)."""
+
+    symmetric: bool  # no weight_zero_point: every zero point is 8 (signed 0)
+    strategy: str  # "group" or "channel" (one group spanning K)
+    group_size: int | None  # strategy "group" only
 
 
 def _name(dtype: torch.dtype) -> str:

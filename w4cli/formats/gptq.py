@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from w4cli.contract import PACK
+from w4cli.gpu.contract import PACK
 from w4cli.errors import InputRefused
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups, nibbles
 

@@ -56,16 +56,6 @@ class UnpackedLinear:
             out[rows] = exact
         return out
 
-    def to_awq(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]) in the AWQ gemm layout, the one the
-        kernels and w4-gemv take: the same weights, losslessly. Only for contiguous groups (g_idx
-        None) and N a multiple of 8; callers check both (repack refuses, dequantize falls back)."""
-        from w4cli.formats import awq_gemm
-
-        if self.g_idx is not None:
-            raise ValueError("a permuting g_idx has no AWQ gemm form")
-        return awq_gemm.pack(self.codes.t()), awq_gemm.pack(self.zeros.t()), self.scales.t().contiguous()
-
 
 def identity_groups(g_idx: torch.Tensor, group_size: int) -> bool:
     """Whether g_idx is the plain grouping g_idx[k] == k // G (no act-order permutation)."""

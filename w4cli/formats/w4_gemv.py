@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from w4cli.contract import GEMV_DTYPE, PACK, gemv_refusal
+from w4cli.gpu.contract import GEMV_DTYPE, PACK, gemv_refusal
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 
@@ -212,7 +212,7 @@ def gemv_reference(
     """The GEMV oracle: the fp16-rounded dequantized weight, products and sums in float32, bias
     added in float32. The kernel rounds once to fp16; with G % 128 == 0 (or one group) it applies
     the scale in fp32 after summing (q - z) * x over each 128-k block, so it skips the fp16
-    rounding of the weight: it matches this within w4cli/checks.py's bound, and bit for bit on
+    rounding of the weight: it matches this within w4cli/gpu/checks.py's bound, and bit for bit on
     exact data (kernels/gemv_w4a16.cu's header says why)."""
     k, n, _ = validate(qweight, qzeros, scales, meta)
     if x.dim() != 2 or x.shape[1] != k:

@@ -19,20 +19,20 @@ from typing import Any
 
 import torch
 
-from w4cli.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
-from w4cli import provenance
-from w4cli.checks import Mismatch, first_difference
+from w4cli.read.checkpoint import CONFIG, INDEX, Checkpoint, open_checkpoint
+from w4cli.write import provenance
+from w4cli.gpu.checks import Mismatch, first_difference
 from w4cli.dequantize import DTYPES, dense_config, reference, torch_dtype_name
-from w4cli.hub import Snapshot
+from w4cli.read.hub import Snapshot
 from w4cli.dequantize import plan_tensors as dequantize_plan
-from w4cli.layers import QuantModel
-from w4cli.fuse import fusions_in
+from w4cli.read.layers import QuantModel
+from w4cli.formats.fuse import fusions_in
 from w4cli.repack import check_repackable, fused_groups, repacked_config
 from w4cli.repack import plan_tensors as repack_plan
-from w4cli.source import aux_files, open_quantized
+from w4cli.read.source import aux_files, open_quantized
 from w4cli.console import steps
 from w4cli.verify.report import Report, run_check
-from w4cli.writer import OutputTensor, plan_shards
+from w4cli.write.writer import OutputTensor, plan_shards
 
 GROUP = "compare"
 

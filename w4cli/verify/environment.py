@@ -13,7 +13,7 @@ from w4cli import __version__
 
 @dataclass
 class Gpu:
-    kernels: Any  # the w4cli.kernels module once its extension loaded, else None
+    kernels: Any  # the w4cli.gpu.kernels module once its extension loaded, else None
     reason: str  # why the GPU checks are skipped ("" when they run)
 
     @property
@@ -22,8 +22,8 @@ class Gpu:
 
 
 def probe_gpu() -> Gpu:
-    """What w4cli.kernels.probe() answers, as the checks take it."""
-    from w4cli import kernels
+    """What w4cli.gpu.kernels.probe() answers, as the checks take it."""
+    from w4cli.gpu import kernels
 
     usable, reason = kernels.probe()
     return Gpu(kernels if usable else None, reason)

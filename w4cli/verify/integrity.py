@@ -4,7 +4,7 @@ checked alone.
 Not a quantized checkpoint w4 reads at all (no quantization_config, GPTQ, 8-bit...) is refused
 (exit 4). Everything else becomes rows: files and index, tensors and shapes, scales, plain
 tensors, nibbles, and on a GPU every layer through the dequantize kernel (bit-exact with the CPU
-reference) and the GEMV kernel (repacked in memory for other layouts; inside w4cli/checks.py's
+reference) and the GEMV kernel (repacked in memory for other layouts; inside w4cli/gpu/checks.py's
 bound at M = 1..8). Layers with no AWQ form (a permuting g_idx) are named, not run, on the GPU. Tensors are read one layer at a time.
 """
 
@@ -15,14 +15,15 @@ from pathlib import Path
 
 import torch
 
-from w4cli.checks import Mismatch, gemv_errors, require_identical
-from w4cli.checkpoint import CONFIG, Checkpoint, open_checkpoint, read_json
-from w4cli.contract import CHECKED_BATCHES, checked_batches_text
+from w4cli.gpu.checks import Mismatch, gemv_errors, require_identical
+from w4cli.read.checkpoint import CONFIG, Checkpoint, open_checkpoint
+from w4cli.gpu.contract import CHECKED_BATCHES, checked_batches_text
 from w4cli.dequantize import awq_tensors, cpu_dequantizer
 from w4cli.errors import InputRefused
 from w4cli.formats import w4_gemv
-from w4cli.layers import QuantModel, check_group_maps, check_padding, check_scales, check_unquantized, check_zero_points, find_layers
-from w4cli.quant_config import COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme, parse_scheme, read_quantization_config
+from w4cli.read.layers import QuantModel, check_group_maps, check_padding, check_scales, check_unquantized, check_zero_points, find_layers
+from w4cli.read.quant_config import COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme, read_scheme
+from w4cli.read.safe_files import read_json
 from w4cli.repack import w4_gemv_layer
 from w4cli.verify.environment import Gpu
 from w4cli.console import steps
@@ -33,9 +34,7 @@ GROUP = "integrity"
 
 def open_scheme(root: Path) -> QuantScheme:
     """The quantization the checkpoint declares; InputRefused (exit 4) if it is not one w4 reads."""
-    config = read_json(root / CONFIG)
-    qc, source = read_quantization_config(root, config)
-    return parse_scheme(qc, source)
+    return read_scheme(root, read_json(root / CONFIG))
 
 
 def _files(root: Path, found: dict) -> Callable[[], str]:

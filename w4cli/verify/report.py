@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from w4cli.checks import Mismatch
+from w4cli.gpu.checks import Mismatch
 from w4cli.errors import CheckFailed, EnvironmentUnavailable, W4Error
 
 PASS, FAIL, SKIP, ERROR = "PASS", "FAIL", "SKIP", "ERROR"

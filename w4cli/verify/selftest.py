@@ -15,7 +15,7 @@ Per shape (K = in_features, N = out_features, G = group size), with words drawn 
     gpu gemv exact   kernels.gemv, M = 1..8, 16, 64, 65, 129 (every kernel path), x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
                      grid: every fp32 sum is exact, so out == fp32 reference rounded once, bit for bit
     gpu gemv random  kernels.gemv, the same M, normal x, real-checkpoint scales: inside the bound of
-                     w4cli/checks.py against a float64 reference; two runs bit-identical
+                     w4cli/gpu/checks.py against a float64 reference; two runs bit-identical
 
 Shapes the GEMV kernel cannot take (K % 8, G neither a multiple of 32 nor K) get the dequantize
 rows only. The ref rows take each layer in blocks of output channels (BLOCK_WEIGHTS weights, every
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from w4cli.checks import Mismatch, gemv_errors, raw_bits, require_identical
-from w4cli.contract import CHECKED_BATCHES, GEMV_MAX_M, OUT_DTYPES, checked_batches_text, gemv_refusal
+from w4cli.gpu.checks import Mismatch, gemv_errors, raw_bits, require_identical
+from w4cli.gpu.contract import CHECKED_BATCHES, GEMV_MAX_M, OUT_DTYPES, checked_batches_text, gemv_refusal
 from w4cli.dequantize import DTYPES
 from w4cli.formats import awq_gemm, w4_gemv
 from w4cli.verify.environment import Gpu

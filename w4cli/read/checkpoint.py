@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from w4cli.errors import InputRefused
-from w4cli.safe_files import open_regular, read_json
+from w4cli.read.safe_files import open_regular, read_json
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

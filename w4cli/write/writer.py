@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from w4cli import signals
-from w4cli.checkpoint import DTYPES
+from w4cli.write import signals
+from w4cli.read.checkpoint import DTYPES
 from w4cli.console import byte_progress
 from w4cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from w4cli.checkpoint import Checkpoint
-    from w4cli.output_dir import OutputDirectory
+    from w4cli.read.checkpoint import Checkpoint
+    from w4cli.write.output_dir import OutputDirectory
 
 SHARD_PATTERN = "model{suffix}.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -165,7 +165,7 @@ class ShardPlan:
 def plan_shards(tensors: list[OutputTensor], max_shard_size: int, provenance: dict[str, str]) -> ShardPlan:
     """Shard boundaries from shapes alone (meta tensors), with huggingface_hub's own splitter so
     file names, order and the index match what `save_pretrained` writes. Every shard's metadata
-    is transformers' `format: pt` plus `provenance` (w4cli/provenance.py)."""
+    is transformers' `format: pt` plus `provenance` (w4cli/write/provenance.py)."""
     from huggingface_hub import split_torch_state_dict_into_shards
 
     by_name = {t.name: t for t in tensors}
@@ -234,7 +234,7 @@ class _Writer:
 
     def _hand_over(self, item) -> None:
         """Queue `item` with stop requests held: a KeyboardInterrupt inside the queue's Python
-        locks can lose the wake-up the writer waits for (w4cli/signals.py). Each attempt waits a
+        locks can lose the wake-up the writer waits for (w4cli/write/signals.py). Each attempt waits a
         short while, so a held request takes effect between attempts, not after a long write."""
         while True:
             with signals.held():
@@ -316,7 +316,7 @@ def copy_files(source: Path, directory: Path, names: Iterable[str]) -> None:
     regular file inside the checkpoint; the Hub cache's links into blobs/ qualify), so the output
     holds real files and nothing from elsewhere on the machine. New files get the mode any file
     the user creates gets, never the source's."""
-    from w4cli.safe_files import open_regular
+    from w4cli.read.safe_files import open_regular
 
     for name in names:
         with os.fdopen(open_regular(source / name, source), "rb") as src, open(directory / name, "xb") as dst:

@@ -14,13 +14,15 @@ huggingface_hub's retries (about 26 s of them for a repo that is not cached).
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from w4cli.errors import UsageError, W4Error
+from w4cli.errors import InputRefused, UsageError, W4Error
+from w4cli.read.safe_files import read_regular
 
 # What a conversion reads or copies: config and index JSON, weights, tokenizer, generation config,
 # chat templates, and the model card and license terms that must travel with the weights.
@@ -42,6 +44,8 @@ CONFIG_PATTERNS = ["config.json"]
 # custom modelling code (config.json's auto_map): fetched and copied only for --include-code
 CODE_PATTERNS = ["*.py"]
 PROBE_SECONDS = 3.0
+COMMIT_HASH = re.compile(r"[0-9a-f]{40}")  # what huggingface_hub writes into a cache's refs/ files
+REF_MAX_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ def _from_hub(
         raise UsageError(f"MODEL '{repo_id}' is neither a local directory nor a valid Hub repo id") from None
 
     where = f"'{repo_id}'" + (f" at revision '{revision}'" if revision else "")
+    _check_cached_ref(repo_id, revision or "main", cache_dir, where)
     common = dict(revision=revision, token=token, cache_dir=cache_dir)
     if not _offline() and not _reachable(_endpoint()):
         # what HF_HUB_OFFLINE=1 would do, without the retries: the cached snapshot or one line
@@ -136,6 +141,24 @@ def _from_hub(
     except OSError as exc:  # network and HTTP errors subclass OSError in huggingface_hub
         raise FetchFailed(f"{where} could not be downloaded: {exc}".splitlines()[0]) from None
     return Snapshot(path=path, repo_id=repo_id, revision=path.name)
+
+
+def _check_cached_ref(repo_id: str, revision: str, cache_dir: Path | None, where: str) -> None:
+    """The cache's refs/<revision>, if there is one, names a commit: huggingface_hub joins its
+    content to the snapshots/ path when it answers from the cache (offline, or the Hub down), so a
+    tampered ref ("../../../evil", "/etc") would point it outside the cache."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    if COMMIT_HASH.fullmatch(revision):
+        return  # a commit is looked up in snapshots/ directly, never through refs/
+    repo = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    ref = repo / "refs" / revision
+    if not os.path.lexists(ref):
+        return
+    content = read_regular(ref, repo, REF_MAX_BYTES).decode("utf-8", errors="replace")
+    if not COMMIT_HASH.fullmatch(content):
+        raise InputRefused(f"{where}: the Hub cache's refs/{revision} holds {content!r}, not a commit hash; w4 will not follow it ({repo})")
 
 
 def _offline() -> bool:

@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 
 from w4cli import __version__
-from w4cli.hub import Snapshot
+from w4cli.read.hub import Snapshot
 
 SOURCE = "w4_source"
 REVISION = "w4_source_revision"
@@ -52,7 +52,7 @@ def record(ctx, snapshot: Snapshot) -> dict[str, str]:
 def read(directory: Path) -> dict[str, str]:
     """What the checkpoint at `directory` records of its origin: the w4_* metadata its shards agree
     on; {} when they record nothing, disagree, or the directory is not a checkpoint w4 can open."""
-    from w4cli.checkpoint import open_checkpoint
+    from w4cli.read.checkpoint import open_checkpoint
     from w4cli.errors import W4Error
 
     try:

@@ -9,8 +9,9 @@ K = in_features, N = out_features, G = group size, M = rows of activations.
     GEMV          K % 8 == 0 (activation rows stay 16-byte aligned); G % 32 == 0 (a 32-k run of the
                   kernel never straddles two groups) or G == K; x, scales, bias and y float16;
                   M <= 8 per GEMV launch (one mma n8 tile), M <= 64 per mma.sync batch-kernel
-                  launch, M <= 128 per wgmma batch-kernel launch (compute capability 9.0 only);
-                  w4cli.kernels.gemv picks the kernel by M (gemv_path)
+                  launch, M <= 128 per wgmma batch-kernel launch, M <= 65536 per warp-specialised
+                  wgmma launch (both compute capability 9.0 only); w4cli.gpu.kernels.gemv picks the
+                  kernel by M (gemv_path)
 
 Pure (no torch): the command line asks it before anything heavy is imported, so dtypes are named as
 torch names them (`getattr(torch, name)` is the dtype).
@@ -25,20 +26,23 @@ SMALL_LAYER = 4096 * 4096  # weights; at most this, M = 9..16 runs the GEMV twic
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
 # Hopper (compute capability 9.0): the wgmma batch kernel from this M (below it the mma.sync one
-# is faster), up to WGMMA_MAX_M rows per launch; up to WGMMA_CHUNKED_MAX_M in launches of
-# WGMMA_MAX_M rows on layers of at least WGMMA_CHUNKED_MIN_LAYER weights, else dequantize + cuBLAS
+# is faster), up to WGMMA_MAX_M rows per launch
 WGMMA_MIN_M = 17
 WGMMA_MAX_M = 128
-WGMMA_CHUNKED_MAX_M = 256
-WGMMA_CHUNKED_MIN_LAYER = 4096 * 8192
+# from WS_MIN_M rows, the warp-specialised wgmma kernel (a producer warp feeding the MMA warps
+# through the bulk copy engine): any M up to WS_MAX_M in one launch, one read of the weight per tile
+# of up to 256 tokens
+WS_MIN_M = 129
+WS_MAX_M = 65536
+WS_TILE_M = 256  # the most tokens in one of its tiles
 # layers of at most this many weights (k_proj, v_proj: N = 1024) fill too few SMs for the batch
 # kernels: from TINY_LAYER_DEQUANT_M rows, dequantize + cuBLAS is faster there
 TINY_LAYER = 8192 * 1024
 TINY_LAYER_DEQUANT_M = 64
 # the batch sizes `w4 verify` runs: every M of the GEMV, then one per path beyond it (batch,
-# wgmma, batch x2 or wgmma x2, dequantize + cuBLAS)
+# wgmma, batch x2 or wgmma ws, dequantize + cuBLAS or a second tile of tokens)
 CHECKED_BATCHES = (*range(1, GEMV_MAX_M + 1), 16, BATCH_MAX_M, BATCH_MAX_M + 1, WGMMA_MAX_M, WGMMA_MAX_M + 1,
-                   WGMMA_CHUNKED_MAX_M + 1)
+                   WS_TILE_M + 1)
 
 
 def checked_batches_text() -> str:

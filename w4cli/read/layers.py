@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from w4cli.checkpoint import DTYPES, FLOAT_CODES, Checkpoint, TensorInfo
+from w4cli.read.checkpoint import DTYPES, FLOAT_CODES, Checkpoint, TensorInfo
 from w4cli.errors import InputRefused
 from w4cli.formats import compressed_tensors, gptq
 from w4cli.formats.awq_gemm import PACK
-from w4cli.fuse import SPLIT_SUFFIX
-from w4cli.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme
+from w4cli.formats.fuse import SPLIT_SUFFIX
+from w4cli.read.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV, QuantScheme
 
 # each layout's tensors of one linear: the required ones first, the first of them naming the
 # linear; then the optional ones
@@ -134,7 +134,7 @@ def _check_w4_layer(checkpoint: Checkpoint, prefix: str, t: dict[str, TensorInfo
 
 
 def _fused_parts(checkpoint: Checkpoint, prefix: str, split: TensorInfo, n: int, scheme: QuantScheme) -> tuple[tuple[str, int], ...]:
-    """A fused linear's parts (w4cli/fuse.py): their names from quantization_config "fused", their
+    """A fused linear's parts (w4cli/formats/fuse.py): their names from quantization_config "fused", their
     N from `split`, which must cover N in multiples of 8."""
     parent, _, name = prefix.rpartition(".")
     fused = scheme.config.get("fused")
@@ -316,7 +316,7 @@ def _refuse_quantized_skips(layers: dict[str, QuantLinear], scheme: QuantScheme)
     """modules_to_not_convert names modules left unquantized: one of them holding a qweight
     contradicts the config, and a loader that trusts the config would read it as a plain linear.
     A name matches whole dotted components ("gate" is not "gate_proj"), as a module path does.
-    compressed-tensors' `ignore` list says the same, in its own matching rules (w4cli/ct_config.py)."""
+    compressed-tensors' `ignore` list says the same, in its own matching rules (w4cli/read/ct_config.py)."""
     for prefix in layers:
         if scheme.ct is not None:
             entry = scheme.ct.ignored_by(prefix)

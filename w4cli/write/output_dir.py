@@ -25,17 +25,23 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from w4cli import signals
+from w4cli.write import signals
 from w4cli.errors import InputRefused, Interrupted, OutputFailed, W4Error
-from w4cli.hub import CHECKPOINT_PATTERNS, CODE_PATTERNS
-from w4cli.rename import exchange, rename_noreplace
+from w4cli.read.hub import CHECKPOINT_PATTERNS, CODE_PATTERNS
+from w4cli.write.rename import exchange, rename_noreplace
+
+if TYPE_CHECKING:
+    import typer
+
+    from w4cli.read.layers import QuantModel
 
 TEMP_MARK = ".w4tmp-"
 LOCK = "lock"
 # what --force may delete: the files a conversion reads, writes or copies (the model card and
 # licence files among them); *.py files too when the directory's shards record that w4 wrote it
-# with --include-code (w4cli/provenance.py), else a *.py may be someone's work
+# with --include-code (w4cli/write/provenance.py), else a *.py may be someone's work
 CHECKPOINT_FILES = CHECKPOINT_PATTERNS
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 SHOWN = 5  # names a refusal lists
@@ -74,6 +80,31 @@ def _check_output_path(output: Path, inputs: Iterable[Path]) -> None:
             raise InputRefused(f"OUTPUT_DIR {output} is a mount point, which a rename cannot replace: give a directory inside it")
 
 
+def open_for_conversion(
+    ctx: typer.Context,
+    model: str,
+    output_dir: Path,
+    force: bool,
+    revision: str | None,
+    token: str | None,
+    cache_dir: Path | None,
+    include_code: bool = False,
+) -> tuple[QuantModel, OutputDirectory, dict[str, str]]:
+    """The front half of every command that writes a checkpoint: claim OUTPUT_DIR before any
+    download (refusals, the lock, the temporary sibling), resolve MODEL, refuse an OUTPUT_DIR
+    inside the snapshot, open and validate. OUTPUT_DIR stays claimed until the command `ctx`
+    runs ends, whatever ends it: the context releases its resources then. Also returns where the
+    output comes from (provenance.py), for its shards' metadata and the summary."""
+    from w4cli.read.source import open_quantized, resolve
+    from w4cli.write import provenance
+
+    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [])
+    output = ctx.with_resource(OutputDirectory(output_dir, force))
+    snapshot = resolve(model, revision, token, cache_dir, include_code)
+    check_output_dir(output_dir, [snapshot.path])
+    return open_quantized(snapshot.path), output, provenance.record(ctx, snapshot)
+
+
 def cannot_write(output: Path, exc: OSError) -> W4Error:
     """The message for an OSError met while creating or writing OUTPUT_DIR."""
     if exc.errno in NO_SPACE:
@@ -102,7 +133,7 @@ def files_not_in_a_checkpoint(path: Path) -> list[str]:
 
 
 def _written_with_code(path: Path) -> bool:
-    from w4cli import provenance
+    from w4cli.write import provenance
 
     return provenance.made_with_code(provenance.read(path))
 

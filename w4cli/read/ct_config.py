@@ -21,16 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from w4cli.errors import InputRefused
+from w4cli.formats.compressed_tensors import WeightArgs
 
 STRATEGIES = ("group", "channel")
 LINEAR = "Linear"
-
-
-@dataclass(frozen=True)
-class WeightArgs:
-    symmetric: bool  # no weight_zero_point: every zero point is 8 (signed 0)
-    strategy: str  # "group" or "channel" (one group spanning K)
-    group_size: int | None  # strategy "group" only
 
 
 @dataclass(frozen=True)

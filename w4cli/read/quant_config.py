@@ -6,7 +6,7 @@ w4 reads, from `quantization_config` in config.json (or a legacy file beside it)
   "version": "GEMM"});
 - GPTQ: quant_method "gptq", 4 bits, checkpoint_format "gptq" (v1) or "gptq_v2", sym and desc_act
   either way, any group size; legacy `quantize_config.json`;
-- compressed-tensors "pack-quantized" with int 4-bit weights (w4cli/ct_config.py);
+- compressed-tensors "pack-quantized" with int 4-bit weights (w4cli/read/ct_config.py);
 - its own repacked checkpoints (quant_method "w4", format "w4-gemv").
 Everything else is refused with a line naming what was found (see docs/formats.md for the layouts).
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from w4cli.checkpoint import read_json
-from w4cli.ct_config import CtConfig, parse_ct_config
 from w4cli.errors import InputRefused
+from w4cli.read.ct_config import CtConfig, parse_ct_config
+from w4cli.read.safe_files import read_json
 
 LEGACY_AWQ_CONFIG = "quant_config.json"
 GPTQ_CONFIG = "quantize_config.json"
@@ -64,7 +64,13 @@ def _describe_other(qc: dict[str, Any], method: str) -> str:
     return ", ".join(details)
 
 
-def read_quantization_config(root: Path, config: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def read_scheme(root: Path, config: dict[str, Any]) -> QuantScheme:
+    """The quantization that the checkpoint at `root`, whose config.json holds `config`, declares;
+    InputRefused (exit 4) unless it is one w4 reads."""
+    return _parse_scheme(*_declared_config(root, config))
+
+
+def _declared_config(root: Path, config: dict[str, Any]) -> tuple[dict[str, Any], str]:
     qc = config.get("quantization_config")
     if qc is not None:
         if not isinstance(qc, dict):
@@ -79,7 +85,7 @@ def read_quantization_config(root: Path, config: dict[str, Any]) -> tuple[dict[s
     raise InputRefused("config.json has no quantization_config: this is not a quantized checkpoint")
 
 
-def parse_scheme(qc: dict[str, Any], source: str) -> QuantScheme:
+def _parse_scheme(qc: dict[str, Any], source: str) -> QuantScheme:
     method = str(qc.get("quant_method", "")).lower()
     if method == W4_METHOD:
         return _w4_scheme(qc, source)

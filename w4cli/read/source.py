@@ -7,23 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from w4cli import hub
-from w4cli.checkpoint import Checkpoint, open_checkpoint, read_json
-from w4cli.layers import QuantModel, check_values, find_layers
-from w4cli.output_dir import OutputDirectory, check_output_dir
-from w4cli.quant_config import parse_scheme, read_quantization_config
+from w4cli.read import hub
+from w4cli.read.checkpoint import Checkpoint, open_checkpoint
+from w4cli.read.layers import QuantModel, check_values, find_layers
+from w4cli.read.quant_config import read_scheme
+from w4cli.read.safe_files import read_json
 
 # files a conversion never copies: weights and index are rewritten, config is rewritten, and the
 # legacy quantization configs describe weights that are no longer there
 NOT_COPIED = {"config.json", "model.safetensors.index.json", "quant_config.json", "quantize_config.json"}
-
-
-def _check_config_file(path: Path) -> None:
-    config = read_json(path)
-    qc, source = read_quantization_config(path.parent, config)
-    parse_scheme(qc, source)
 
 
 def resolve(
@@ -32,43 +24,22 @@ def resolve(
     # the legacy quant_config.json sits beside config.json, so the early check only runs when
     # config.json itself declares the quantization
     def early_check(path: Path) -> None:
-        if "quantization_config" in read_json(path):
-            _check_config_file(path)
+        config = read_json(path)
+        if "quantization_config" in config:
+            read_scheme(path.parent, config)
 
     patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
     return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=patterns, check_config=early_check)
 
 
 def open_quantized(root: Path) -> QuantModel:
+    """The one way a quantized checkpoint is read: its files and index (checkpoint.py), the scheme
+    its config declares (quant_config.py), its quantized linears with every shape checked against
+    the scheme, then every value check (layers.py). InputRefused (exit 4) at the first problem."""
     checkpoint = open_checkpoint(root)
-    qc, source = read_quantization_config(root, checkpoint.config)
-    model = find_layers(checkpoint, parse_scheme(qc, source))
+    model = find_layers(checkpoint, read_scheme(root, checkpoint.config))
     check_values(model)
     return model
-
-
-def open_for_conversion(
-    ctx: typer.Context,
-    model: str,
-    output_dir: Path,
-    force: bool,
-    revision: str | None,
-    token: str | None,
-    cache_dir: Path | None,
-    include_code: bool = False,
-) -> tuple[QuantModel, OutputDirectory, dict[str, str]]:
-    """The front half of every command that writes a checkpoint: claim OUTPUT_DIR before any
-    download (refusals, the lock, the temporary sibling), resolve MODEL, refuse an OUTPUT_DIR
-    inside the snapshot, open and validate. OUTPUT_DIR stays claimed until the command `ctx`
-    runs ends, whatever ends it: the context releases its resources then. Also returns where the
-    output comes from (w4cli/provenance.py), for its shards' metadata and the summary."""
-    from w4cli import provenance
-
-    check_output_dir(output_dir, [Path(model)] if Path(model).is_dir() else [])
-    output = ctx.with_resource(OutputDirectory(output_dir, force))
-    snapshot = resolve(model, revision, token, cache_dir, include_code)
-    check_output_dir(output_dir, [snapshot.path])
-    return open_quantized(snapshot.path), output, provenance.record(ctx, snapshot)
 
 
 def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:
@@ -79,7 +50,7 @@ def aux_files(checkpoint: Checkpoint, include_code: bool = False) -> list[str]:
     import os
     from fnmatch import fnmatch
 
-    from w4cli.safe_files import open_regular
+    from w4cli.read.safe_files import open_regular
 
     patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
     names = []

@@ -21,7 +21,7 @@ than sm_80, no nvcc (`CUDA_HOME` unknown), no ninja, or a failed build (the comp
 to `<build dir>/build.log` and named in the message). `probe()` is the one question every command
 asks before a GPU path: can this machine run w4's kernels, and if not, why not.
 
-What the kernels take (shapes, groups, dtypes, rows per launch) is w4cli/contract.py.
+What the kernels take (shapes, groups, dtypes, rows per launch) is w4cli/gpu/contract.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from w4cli.contract import (
+from w4cli.gpu.contract import (
     BATCH_CHUNKED_MAX_M,
     BATCH_MAX_M,
     GEMV_MAX_M,
@@ -46,14 +46,14 @@ from w4cli.contract import (
     SMALL_LAYER,
     TINY_LAYER,
     TINY_LAYER_DEQUANT_M,
-    WGMMA_CHUNKED_MAX_M,
-    WGMMA_CHUNKED_MIN_LAYER,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
+    WS_MAX_M,
+    WS_MIN_M,
 )
 from w4cli.errors import EnvironmentUnavailable
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cpp")
 LOCK_TIMEOUT_S = 30 * 60.0  # a first build takes about a minute; anything this long is a stuck peer
 
@@ -289,10 +289,11 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     SMALL_LAYER weights, where the batch kernel's fixed latency costs more than a second read of
     the weight), "batch" (the mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16
     where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
-    "batch xC" / "wgmma xC" (C launches of at most 64 / 128 rows, each reading the weight), or
+    "wgmma ws" (the warp-specialised wgmma kernel, any M from WS_MIN_M on compute capability 9.0,
+    one launch), "batch xC" (C launches of at most 64 rows, each reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
-    the wgmma kernel (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
+    the wgmma kernels (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
     on the H100 (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
@@ -302,12 +303,10 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
         return "gemv x2"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
+    if wgmma and WS_MIN_M <= m <= WS_MAX_M:
+        return "wgmma ws"
     if wgmma and m >= WGMMA_MIN_M:
-        if m <= WGMMA_MAX_M:
-            return "wgmma"
-        if m <= WGMMA_CHUNKED_MAX_M and k * n >= WGMMA_CHUNKED_MIN_LAYER:
-            return f"wgmma x{-(-m // WGMMA_MAX_M)}"
-        return "dequant+cuBLAS"
+        return "wgmma"
     if m <= BATCH_MAX_M:
         return "batch"
     if m <= BATCH_CHUNKED_MAX_M:
@@ -337,7 +336,7 @@ def gemv(
         pdl: launch the GEMV (M <= 16) with programmatic dependent launch: it starts fetching its
             weights while the previous kernel in the stream finishes (Hopper; the same bits).
     The kernel is chosen by M (`gemv_path`). Every path matches w4_gemv.gemv_reference(x, ...)
-    within w4cli.checks' bound, and the two fused kernels give it bit for bit on exact data (the
+    within w4cli.gpu.checks' bound, and the two fused kernels give it bit for bit on exact data (the
     GEMV's scale-after-mma path with G % 128 == 0 and K >= 4096 skips the weight's fp16 rounding:
     kernels/gemv_w4a16.cu says why). Deterministic: the same inputs give the same bits on every run.
     Raises EnvironmentUnavailable when the kernels cannot be built here, RuntimeError (the
@@ -356,7 +355,7 @@ def gemv(
     if path.startswith(("batch", "wgmma")):
         if scales.data_ptr() % 16:
             scales = scales.clone()  # the batch kernels copy scales 16 bytes at a time
-        kernel, rows = (2, WGMMA_MAX_M) if path.startswith("wgmma") else (1, BATCH_MAX_M)
+        kernel, rows = {"wgmma ws": (3, x.shape[0]), "wgmma": (2, WGMMA_MAX_M)}.get(path, (1, BATCH_MAX_M))
         if x.shape[0] <= rows:
             return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0, kernel)
         return torch.cat([mod.gemm_w4_batch(x[i : i + rows].contiguous(), qweight, qzeros, scales, bias, 0, 0, kernel)
@@ -382,8 +381,10 @@ def _gemv_splits(x: torch.Tensor, *, splits: int, **layer: torch.Tensor | None) 
 
 def _batch(x: torch.Tensor, *, splits: int = 0, tiles: int = 0, kernel: int = 1,
            **layer: torch.Tensor | None) -> torch.Tensor:
-    """One batch kernel alone (kernel 1 = mma.sync, M <= 64; 2 = wgmma, M <= 128 on compute
-    capability 9.0) with its split-K count and row tiles fixed (0 = chosen as `gemv` does).
+    """One batch kernel alone (kernel 1 = mma.sync, M <= 64; 2 = wgmma, M <= 128; 3 = the
+    warp-specialised wgmma, any M; 2 and 3 on compute capability 9.0) with its split-K count and
+    tiling fixed (0 = chosen as `gemv` does; for kernel 3, `tiles` is the variant 1..5 of
+    kernels/gemm_w4a16_wgmma.cu's pick_ws_variant: tokens per tile and m64 tiles per warpgroup).
     Not for users: the tests fix them to cover every kernel, reduction and tile edge, and
     dev/bench_batch.py sweeps them."""
     return load().gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"),
