@@ -71,12 +71,12 @@ def gguf(
 
     Every quantized linear becomes GGUF 4-bit blocks holding its own codes: Q4_0 (d = s) when its zero points are 8, else Q4_1 (d = s, m = -z * s rounded once to fp16). Act-order, groups or in_features not a multiple of 32, scales fp16 cannot hold and unknown architectures are refused (exit 4) before anything is written. The file appears only when complete.
     """
-    from w4cli import provenance
+    from w4cli.write import provenance
     from w4cli.gguf.arch import architecture
     from w4cli.gguf.output_file import OutputFile, check_output_file
     from w4cli.gguf.plan import plan_tensors
     from w4cli.gguf.write import write_gguf
-    from w4cli.source import open_quantized, resolve
+    from w4cli.read.source import open_quantized, resolve
 
     split_bytes = parse_split_size(split_max_size)
     check_output_file(out, [Path(model)] if Path(model).is_dir() else [])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gguf
 
-from w4cli.safe_files import read_regular
+from w4cli.read.safe_files import read_regular
 
 # what SpecialVocab and Metadata read: tokenizer, special tokens, chat template, model card, config
 STAGED_FILES = (

@@ -15,10 +15,10 @@ import os
 import shutil
 from pathlib import Path
 
-from w4cli import signals
+from w4cli.write import signals
 from w4cli.errors import InputRefused, OutputFailed
-from w4cli.output_dir import OutputDirectory, _fsync, _umask
-from w4cli.rename import exchange, rename_noreplace
+from w4cli.write.output_dir import OutputDirectory, _fsync, _umask
+from w4cli.write.rename import exchange, rename_noreplace
 
 GGUF_MAGIC = b"GGUF"
 

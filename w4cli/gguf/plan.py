@@ -14,15 +14,15 @@ import gguf
 import numpy as np
 import torch
 
-from w4cli.checkpoint import DTYPES, FLOAT_CODES
+from w4cli.read.checkpoint import DTYPES, FLOAT_CODES
 from w4cli.dequantize import awq_tensors, unpack_layer
 from w4cli.errors import InputRefused
 from w4cli.formats import awq_gemm
 from w4cli.formats.unpacked import UnpackedLinear, identity_groups
 from w4cli.gguf import blocks
 from w4cli.gguf.arch import Architecture, TensorNames, expert_count, extra_tensors, permute_rows
-from w4cli.layers import QuantLinear, QuantModel
-from w4cli.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV
+from w4cli.read.layers import QuantLinear, QuantModel
+from w4cli.read.quant_config import AWQ_GEMM, COMPRESSED_TENSORS, GPTQ, W4_GEMV
 
 Q = gguf.GGMLQuantizationType
 BLOCK_TYPES = {blocks.Q4_0: Q.Q4_0, blocks.Q4_1: Q.Q4_1}

@@ -16,7 +16,7 @@ from typing import Any
 import gguf
 
 from w4cli.errors import InputRefused
-from w4cli.safe_files import parse_json
+from w4cli.read.safe_files import parse_json
 
 TOKENIZER = "tokenizer.json"
 

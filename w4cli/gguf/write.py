@@ -22,7 +22,7 @@ from w4cli.gguf.metadata import staged, write_general
 from w4cli.gguf.output_file import OutputFile
 from w4cli.gguf.plan import GgufTensor, file_type
 from w4cli.gguf.tokenizer import Vocabulary, write_tokenizer
-from w4cli.layers import QuantModel
+from w4cli.read.layers import QuantModel
 
 
 class _Pieces:

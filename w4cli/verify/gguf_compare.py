@@ -18,10 +18,10 @@ from typing import Any
 import gguf
 import numpy as np
 
-from w4cli.checks import Mismatch
+from w4cli.gpu.checks import Mismatch
 from w4cli.console import steps
 from w4cli.errors import InputRefused
-from w4cli.hub import Snapshot
+from w4cli.read.hub import Snapshot
 from w4cli.verify.report import Report, run_check
 
 GROUP = "gguf"
@@ -159,7 +159,7 @@ def run(report: Report, output: Path, source: Snapshot) -> None:
     from w4cli.gguf.arch import architecture
     from w4cli.gguf.plan import plan_tensors
     from w4cli.gguf.write import prepared_writer
-    from w4cli.source import open_quantized
+    from w4cli.read.source import open_quantized
 
     opened: dict[str, Any] = {}
 
