@@ -25,6 +25,7 @@ from w4cli.formats.unpacked import UnpackedLinear
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # element j of the 8 channels sits in nibble AWQ_REVERSE_ORDER[j]
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+UNPACK_ROWS = 256  # rows of K unpacked and transposed at a time (unpack_linear)
 
 
 def _shifts(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -98,8 +99,14 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
 
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> the codes, zeros and scales
 def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> UnpackedLinear:
-    # transpose the one-byte codes rather than the 2- or 4-byte results
-    return UnpackedLinear(unpack(qweight).t().contiguous(), unpack(qzeros).t(), scales.t())
+    # transpose the one-byte codes rather than the 2- or 4-byte results, a few rows of K at a time:
+    # the temporaries stay a few MB, so memory holds the packed words and the codes, nothing more
+    k, n = qweight.shape[0], qweight.shape[1] * PACK
+    codes = torch.empty((n, k), dtype=torch.uint8)
+    for start in range(0, k, UNPACK_ROWS):
+        rows = slice(start, min(k, start + UNPACK_ROWS))
+        codes[:, rows] = unpack(qweight[rows]).t()
+    return UnpackedLinear(codes, unpack(qzeros).t(), scales.t())
 
 
 def pack_linear(layer: UnpackedLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

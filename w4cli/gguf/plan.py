@@ -112,8 +112,13 @@ class Planner:
         model = self.model
 
         def produce() -> Iterator[np.ndarray]:
-            packed = blocks.pack(unpacked(model, layer, model.checkpoint.read(*layer.tensor_names)), qtype, layer.prefix)
-            yield permute_rows(torch.from_numpy(packed), heads).numpy() if heads else packed
+            whole = unpacked(model, layer, model.checkpoint.read(*layer.tensor_names))
+            if heads:  # rows move between heads: pack all of them, then reorder (q/k: small)
+                yield permute_rows(torch.from_numpy(blocks.pack(whole, qtype, layer.prefix)), heads).numpy()
+                return
+            for start in range(0, layer.out_features, blocks.ROWS_PER_CHUNK):
+                rows = slice(start, min(layer.out_features, start + blocks.ROWS_PER_CHUNK))
+                yield blocks.pack(UnpackedLinear(whole.codes[rows], whole.zeros[rows], whole.scales[rows]), qtype, layer.prefix)
 
         shape = (layer.out_features, layer.in_features // blocks.BLOCK * blocks.BLOCK_BYTES[qtype])
         return GgufTensor(name, layer.prefix, BLOCK_TYPES[qtype], shape, produce)
