@@ -209,3 +209,14 @@ def test_multi_shard_source_and_hub_cache(w4, tmp_path):
     fields = gguf.GGUFReader(tmp_path / "hub.gguf").fields
     assert fields["general.source.repo_url"].contents() == "https://huggingface.co/w4-test/tiny-awq"
     assert fields["w4.source"].contents() == "w4-test/tiny-awq"
+
+
+def test_a_repacked_checkpoint_gives_the_same_blocks(w4, tmp_path):
+    """w4's own layout (w4 repack) holds the same codes, zeros and scales: the same GGUF tensors."""
+    layers = [random_layer("model.layers.0.mlp.up_proj", 128, 40, 32, 11), random_layer("model.layers.0.mlp.down_proj", 64, 24, 32, 12)]
+    source = as_llama(Checkpoint(layers, _plain()), tmp_path / "m")
+    assert w4("repack", source, tmp_path / "r").exit_code == 0
+    direct = convert(w4, source, tmp_path / "direct.gguf")
+    repacked = convert(w4, tmp_path / "r", tmp_path / "repacked.gguf")
+    for name in ("blk.0.ffn_up.weight", "blk.0.ffn_down.weight"):
+        np.testing.assert_array_equal(np.asarray(repacked[name].data), np.asarray(direct[name].data))
