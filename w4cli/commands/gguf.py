@@ -81,7 +81,7 @@ def gguf(
     split_bytes = parse_split_size(split_max_size)
     check_output_file(out, [Path(model)] if Path(model).is_dir() else [])
     output = ctx.with_resource(OutputFile(out, force))
-    snapshot = resolve(model, revision, token, cache_dir)
+    snapshot = resolve(model, revision, token, cache_dir, check_config=architecture)  # before the download
     check_output_file(out, [snapshot.path])
     quantized = open_quantized(snapshot.path)
     arch = architecture(quantized.checkpoint.config)
@@ -89,12 +89,13 @@ def gguf(
     blocks = sorted({t.qtype.name for t in tensors if t.qtype.name.startswith("Q4")})
     console.record(architecture=arch.name, block_types=blocks)
     name = snapshot.repo_id or snapshot.path.name
-    report = write_gguf(quantized, arch, tensors, output, name, snapshot.repo_id, provenance.record(ctx, snapshot), split_bytes)
+    origin = provenance.record(ctx, snapshot)
+    report = write_gguf(quantized, arch, tensors, output, name, snapshot.repo_id, origin, split_bytes)
     summary = {
         "architecture": arch.name,
         "block_types": blocks,
         "layers_quantized": sum(1 for t in tensors if t.qtype.name.startswith("Q4")),
         **report.fields(),
-        "provenance": provenance.record(ctx, snapshot),
+        "provenance": origin,
     }
     console.result(summary, json_file, lambda: console.summary_table("w4 gguf", summary))
