@@ -12,7 +12,7 @@ import typer
 
 from w4cli import console
 from w4cli.errors import UsageError
-from w4cli.options import CacheDirOpt, ForceOpt, JsonOpt, ModelArg, RevisionOpt, TokenOpt, not_empty
+from w4cli.options import CacheDirOpt, JsonOpt, ModelArg, RevisionOpt, TokenOpt, not_empty
 
 EXAMPLES = [
     "w4 gguf Qwen/Qwen2.5-7B-Instruct-AWQ qwen2.5-7b-instruct.gguf",
@@ -42,6 +42,10 @@ SplitOpt = Annotated[
     str,
     typer.Option("--split-max-size", help="Largest file, as llama.cpp's gguf-split takes it (500M, 4G; decimal units); "
                  "0: one file. Parts are named OUT-00001-of-0000N.gguf."),
+]
+
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Replace an existing OUT, only if it is a GGUF file (atomically, once the new one is complete).")
 ]
 
 _SIZE = re.compile(r"([0-9]+)([KMG]?)B?", re.IGNORECASE)
