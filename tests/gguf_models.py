@@ -37,6 +37,13 @@ FAMILIES = {
         "special": ["<|begin_of_text|>", "<|end_of_text|>"],
         "bias": False,
     },
+    "llama2": {  # a SentencePiece tokenizer.model, as Llama 2 and Mistral 7B v0.1-v0.3 ship
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "sentencepiece": True,
+        "special": ["<s>", "</s>"],
+        "bias": False,
+    },
     "mistral": {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
@@ -126,26 +133,59 @@ def _quantize(weight: torch.Tensor, sym: bool) -> tuple[np.ndarray, np.ndarray, 
     return codes.reshape(k, n).to(torch.uint8).numpy(), zeros.to(torch.uint8).numpy(), scales
 
 
-def tokenizer_files(family: str) -> dict[str, str]:
-    """tokenizer.json (trained), tokenizer_config.json with special tokens and a chat template, and
-    a model card, for a checkpoint of `family`."""
+def train_sentencepiece() -> bytes:
+    """A SentencePiece BPE tokenizer.model as Llama 2's is made: <unk> <s> </s>, byte fallback (256
+    <0xNN> pieces), a leading space added, no normalization."""
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 20), model_writer=model, model_type="bpe", vocab_size=400, byte_fallback=True,
+        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
+        normalization_rule_name="identity", hard_vocab_limit=False, minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def prompt_ids(directory: Path) -> list[int]:
+    """The checkpoint's own tokenization of PROMPT: transformers' for a tokenizer.json, the
+    sentencepiece library's (with <s>, as Llama 2's tokenizer adds it) for a tokenizer.model."""
+    if (directory / "tokenizer.model").exists():
+        import sentencepiece
+
+        return [1] + sentencepiece.SentencePieceProcessor(model_file=str(directory / "tokenizer.model")).encode(PROMPT)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)(PROMPT)["input_ids"]
+
+
+def tokenizer_files(family: str) -> dict[str, str | bytes]:
+    """tokenizer.json or tokenizer.model (trained), tokenizer_config.json with special tokens and a
+    chat template, and a model card, for a checkpoint of `family`."""
     spec = FAMILIES[family]
     special = spec["special"]
     tokenizer_config = {
         "bos_token": special[0],
         "eos_token": special[1],
-        "add_bos_token": family in ("llama", "mistral"),
+        "add_bos_token": family in ("llama", "llama2", "mistral"),
         "chat_template": "{% for m in messages %}" + special[-2] + "{{ m['role'] }}\n{{ m['content'] }}" + special[-1] + "{% endfor %}",
     }
+    trained = {"tokenizer.model": train_sentencepiece()} if spec.get("sentencepiece") else {"tokenizer.json": train_tokenizer(spec["split"], special)}
     return {
-        "tokenizer.json": train_tokenizer(spec["split"], special),
+        **trained,
         "tokenizer_config.json": json.dumps(tokenizer_config),
         "README.md": "---\nlicense: apache-2.0\ntags:\n- test\n---\n# tiny test model\n",
     }
 
 
-def vocab_size(files: dict[str, str]) -> int:
+def vocab_size(files: dict[str, str | bytes]) -> int:
     """The trained vocabulary and a few ids the tokenizer does not use (GGUF pads them)."""
+    if "tokenizer.model" in files:
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_proto=files["tokenizer.model"]).vocab_size() + 3
     return len(json.loads(files["tokenizer.json"])["model"]["vocab"]) + 3
 
 
@@ -165,8 +205,9 @@ def model_config(family: str, vocab: int, layers: int = 3, hidden: int = 128, in
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "vocab_size": vocab,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
+        # the trained tokenizers' ids: <unk> <s> </s> first in a SentencePiece model
+        "bos_token_id": 1 if spec.get("sentencepiece") else 0,
+        "eos_token_id": 2 if spec.get("sentencepiece") else 1,
         "torch_dtype": "float16",
         **({"head_dim": hidden // heads, "attention_bias": False} if spec.get("qk_norm") else {}),
         **spec.get("config", {}),

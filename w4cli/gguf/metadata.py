@@ -18,6 +18,8 @@ from w4cli.read.safe_files import read_regular
 
 # what SpecialVocab and Metadata read: tokenizer, special tokens, chat template, model card, config
 STAGED_FILES = (
+    "tokenizer.model",
+    "added_tokens.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "config.json",
