@@ -65,7 +65,7 @@ def main() -> int:
                 if (kernel == 1 and m > 64) or (kernel == 2 and m > 128):
                     continue
                 for tiles in (int(v) for v in args.tiles.split(",")):
-                    for splits in [0] + [int(v) for v in args.splits.split(",")]:
+                    for splits in [0] + [int(v) for v in args.splits.split(",") if v]:
                         t = run_case(f"{shape} M={m} kernel={kernel} tiles={tiles} splits={splits}", layer, m,
                                      lambda x, qw, qz, s, b, tiles=tiles, splits=splits, kernel=kernel: kernels._batch(
                                          x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits, tiles=tiles,

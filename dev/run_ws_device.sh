@@ -18,6 +18,6 @@ for tool in memcheck racecheck; do
   echo "$tool rc=$? $(tail -2 "$OUT/sanitize_$tool.txt" | tr '\n' ' ')"
 done
 SHAPES=${WS_SHAPES:-8192x28672,8192x8192,4096x4096,28672x8192,4096x14336,14336x4096,4096x6144}
-timeout 330 python3 dev/bench_batch.py --shapes $SHAPES --m ${WS_M:-256,1024,4096} --kernels 3 --tiles 3,4,5 \
-    --splits 1 2>&1 | tee "$OUT/bench_large.txt" | grep -v "^    "
+timeout 330 python3 dev/bench_batch.py --shapes $SHAPES --m ${WS_M:-256,512,1024,4096} --kernels 3 --tiles 3,5 \
+    --splits "" 2>&1 | tee "$OUT/bench_large.txt" | grep -v "^    "
 exit $tests_rc

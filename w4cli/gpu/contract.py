@@ -35,6 +35,11 @@ WGMMA_MAX_M = 128
 WS_MIN_M = 129
 WS_MAX_M = 65536
 WS_TILE_M = 256  # the most tokens in one of its tiles
+# where it is the path (H100, docs/performance.md): up to WS_PATH_MAX_M rows on layers of at least
+# WS_WIDE_LAYER weights, up to WS_TILE_M rows on layers larger than SMALL_LAYER; elsewhere
+# dequantize + cuBLAS is faster
+WS_PATH_MAX_M = 1024
+WS_WIDE_LAYER = 4096 * 14336
 # layers of at most this many weights (k_proj, v_proj: N = 1024) fill too few SMs for the batch
 # kernels: from TINY_LAYER_DEQUANT_M rows, dequantize + cuBLAS is faster there
 TINY_LAYER = 8192 * 1024

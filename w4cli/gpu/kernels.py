@@ -48,8 +48,10 @@ from w4cli.gpu.contract import (
     TINY_LAYER_DEQUANT_M,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
-    WS_MAX_M,
     WS_MIN_M,
+    WS_PATH_MAX_M,
+    WS_TILE_M,
+    WS_WIDE_LAYER,
 )
 from w4cli.errors import EnvironmentUnavailable
 
@@ -289,8 +291,10 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     SMALL_LAYER weights, where the batch kernel's fixed latency costs more than a second read of
     the weight), "batch" (the mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16
     where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
-    "wgmma ws" (the warp-specialised wgmma kernel, any M from WS_MIN_M on compute capability 9.0,
-    one launch), "batch xC" (C launches of at most 64 rows, each reading the weight), or
+    "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
+    capability 9.0, where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows on layers of at
+    least WS_WIDE_LAYER weights, up to WS_TILE_M on layers over SMALL_LAYER), "batch xC" (C
+    launches of at most 64 rows, each reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
     the wgmma kernels (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
@@ -303,8 +307,10 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
         return "gemv x2"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
-    if wgmma and WS_MIN_M <= m <= WS_MAX_M:
-        return "wgmma ws"
+    if wgmma and m >= WS_MIN_M:
+        if m <= WS_PATH_MAX_M and (k * n >= WS_WIDE_LAYER or (m <= WS_TILE_M and k * n > SMALL_LAYER)):
+            return "wgmma ws"
+        return "dequant+cuBLAS"
     if wgmma and m >= WGMMA_MIN_M:
         return "wgmma"
     if m <= BATCH_MAX_M:
