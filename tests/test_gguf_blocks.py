@@ -220,3 +220,12 @@ def test_a_repacked_checkpoint_gives_the_same_blocks(w4, tmp_path):
     repacked = convert(w4, tmp_path / "r", tmp_path / "repacked.gguf")
     for name in ("blk.0.ffn_up.weight", "blk.0.ffn_down.weight"):
         np.testing.assert_array_equal(np.asarray(repacked[name].data), np.asarray(direct[name].data))
+
+
+def test_a_quantized_lm_head(w4, tmp_path):
+    """Some GPTQ checkpoints quantize lm_head too: it becomes GGUF's output tensor in blocks."""
+    plain = {k: v for k, v in _plain().items() if k != "lm_head.weight"}
+    layers = [random_layer("model.layers.0.mlp.up_proj", 64, 40, 32, 13), random_layer("lm_head", 64, 16, 32, 14)]
+    tensors = convert(w4, as_llama(Checkpoint(layers, plain), tmp_path / "m"), tmp_path / "out.gguf")
+    assert tensors["output.weight"].tensor_type == Q.Q4_1
+    check_blocks(tensors["output.weight"], *awq_expected(layers[1]))

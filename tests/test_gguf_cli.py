@@ -182,3 +182,37 @@ def test_a_stop_signal_while_writing_leaves_nothing_and_a_kill_is_cleaned_up_by_
     assert temps()  # what no clean-up could remove
     assert w4("gguf", source, out).exit_code == 0
     assert temps() == [] and out.exists()
+
+
+def test_llama3_rope_frequencies_as_transformers_scales_them(w4, tmp_path):
+    """rope_type llama3: the rope_freqs tensor llama.cpp divides each rotary frequency by is, pair
+    for pair, the ratio of transformers' unscaled to its llama3-scaled inverse frequencies."""
+    import numpy as np
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+    source = build(tmp_path / "m", layers=1, extra_config={"rope_scaling": rope, "rope_theta": 500000.0})
+    out = tmp_path / "out.gguf"
+    assert w4("gguf", source, out).exit_code == 0
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    factors = np.asarray(tensors["rope_freqs.weight"].data)
+    config = LlamaConfig(**json.loads((source / "config.json").read_text()))
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    dim = 128 // 4
+    plain = 1.0 / (500000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    np.testing.assert_allclose(factors, (plain / scaled).numpy(), rtol=1e-5)
+    assert factors.min() == 1.0 and factors.max() == 8.0  # both ends of the blend are reached
+
+
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_rope_scaling_keys(w4, tmp_path, kind):
+    rope = {"rope_type": kind, "factor": 4.0, "original_max_position_embeddings": 64}
+    source = build(tmp_path / "m", "qwen2", layers=1, extra_config={"rope_scaling": rope})
+    out = tmp_path / "out.gguf"
+    assert w4("gguf", source, out).exit_code == 0
+    value = {name: field.contents() for name, field in gguf.GGUFReader(out).fields.items()}
+    assert value["qwen2.rope.scaling.type"] == kind and value["qwen2.rope.scaling.factor"] == 4.0
+    if kind == "yarn":
+        assert value["qwen2.rope.scaling.original_context_length"] == 64

@@ -91,3 +91,14 @@ def test_not_a_gguf_file(w4, tmp_path):
     code, checks, _ = verify(w4, other, source, tmp_path)
     assert code == 1 and checks["GGUF file"]["status"] == "FAIL" and "is not a GGUF file" in checks["GGUF file"]["detail"]
     assert list(checks) == ["GGUF file"]
+
+
+def test_a_changed_expert_is_named(w4, tmp_path):
+    source = build(tmp_path / "m", "qwen3moe", "awq", layers=1)
+    out = tmp_path / "out.gguf"
+    assert w4("gguf", source, out).exit_code == 0
+    offset, _ = _tensor_offset(out, "blk.0.ffn_up_exps.weight")  # [4 experts, 128 rows, 128 / 32 blocks of 20 bytes]
+    expert, row, block = 2, 5, 3
+    _flip(out, offset + ((expert * 128 + row) * 4 + block) * 20 + 9)
+    code, checks, _ = verify(w4, out, source, tmp_path)
+    assert code == 1 and checks["tensors"]["detail"] == f"blk.0.ffn_up_exps.weight: expert {expert}, row {row}, block {block}: codes differ"
