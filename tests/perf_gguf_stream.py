@@ -3,7 +3,7 @@ Llama-7B-shaped AWQ checkpoint of tests/perf_dequantize_stream.py (32 layers, hi
 intermediate 11008, vocab 32000, G=128, random 32-bit code words), beside `w4 dequantize` of the
 same checkpoint.
 
-    make bench-gguf              # or: python tests/perf_gguf_stream.py [WORKDIR] [--70b-layer]
+    make bench-gguf              # or: python tests/perf_gguf_stream.py [WORKDIR] [--70b-layer [--format=awq|gptq]]
 
 Builds the ~3.9 GB input once (WORKDIR/awq-7b-gguf, default w4-stream in the temp directory; needs
 ~25 GB free), with the config keys and a tokenizer a GGUF needs, then runs each command in a child
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 SEVENTY_B_LAYER = {"HIDDEN": 8192, "INTER": 28672, "LAYERS": 1, "VOCAB": 128256, "KV": 1024}
 
 
-def build_70b_layer(src: Path) -> None:
+def build_70b_layer(src: Path, fmt: str) -> None:
     """perf_dequantize_stream's builder with Llama-3-70B's shapes and one layer."""
     sys.path.insert(0, str(REPO))
     from tests import perf_dequantize_stream as shapes
@@ -43,14 +43,14 @@ def build_70b_layer(src: Path) -> None:
         "self_attn.v_proj": (c["HIDDEN"], c["KV"]), "self_attn.o_proj": (c["HIDDEN"], c["HIDDEN"]),
         "mlp.gate_proj": (c["HIDDEN"], c["INTER"]), "mlp.up_proj": (c["HIDDEN"], c["INTER"]), "mlp.down_proj": (c["INTER"], c["HIDDEN"]),
     }
-    shapes.build(src, "awq")
+    shapes.build(src, fmt)
 
 
-def prepare(src: Path, seventy_b: bool = False) -> None:
+def prepare(src: Path, seventy_b: bool = False, fmt: str = "awq") -> None:
     """The AWQ checkpoint with what `w4 gguf` needs besides tensors."""
     if not (src / "tokenizer.json").exists():
         if seventy_b:
-            subprocess.run([sys.executable, __file__, "--build-70b-layer", str(src)], check=True)
+            subprocess.run([sys.executable, __file__, "--build-70b-layer", str(src), fmt], check=True)
         else:
             subprocess.run([sys.executable, str(REPO / "tests" / "perf_dequantize_stream.py"), "--build", str(src), "awq"], check=True)
         sys.path.insert(0, str(REPO))
@@ -86,16 +86,17 @@ def run(args: list[str]) -> tuple[float, float, dict]:
 
 def main() -> None:
     if sys.argv[1:2] == ["--build-70b-layer"]:
-        build_70b_layer(Path(sys.argv[2]))
+        build_70b_layer(Path(sys.argv[2]), sys.argv[3])
         return
-    args = [a for a in sys.argv[1:] if a != "--70b-layer"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     work = Path(args[0] if args else Path(tempfile.gettempdir()) / "w4-stream")
+    fmt = next((a.removeprefix("--format=") for a in sys.argv if a.startswith("--format=")), "awq")
     if "--70b-layer" in sys.argv:
-        src, out = work / "awq-70b-layer", work / "awq-70b-layer.gguf"
-        prepare(src, seventy_b=True)
+        src, out = work / f"{fmt}-70b-layer", work / f"{fmt}-70b-layer.gguf"
+        prepare(src, seventy_b=True, fmt=fmt)
         out.unlink(missing_ok=True)
         seconds, rss, doc = run(["gguf", str(src), str(out)])
-        print(f"w4 gguf, one Llama-3-70B-shaped layer: {seconds:6.1f} s wall, {doc['cpu_seconds']:6.1f} s CPU, {doc['bytes_out'] / 1e6:,.0f} MB written, peak RSS {rss:,.0f} MB")
+        print(f"w4 gguf, one Llama-3-70B-shaped {fmt} layer: {seconds:6.1f} s wall, {doc['cpu_seconds']:6.1f} s CPU, {doc['bytes_out'] / 1e6:,.0f} MB written, peak RSS {rss:,.0f} MB")
         out.unlink()
         return
     src, gguf_out, dense = work / "awq-7b-gguf", work / "awq-7b.gguf", work / "awq-7b-dense"
