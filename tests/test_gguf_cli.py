@@ -216,3 +216,17 @@ def test_rope_scaling_keys(w4, tmp_path, kind):
     assert value["qwen2.rope.scaling.type"] == kind and value["qwen2.rope.scaling.factor"] == 4.0
     if kind == "yarn":
         assert value["qwen2.rope.scaling.original_context_length"] == 64
+
+
+def test_outtype_f16_that_overflows_is_refused_and_leaves_nothing(w4, tmp_path):
+    """Found while the tensor is written (the values are read once): one error line, exit 4, and
+    the partial file goes with its temporary directory."""
+    plain = _plain()
+    plain["lm_head.weight"][3, 5] = 1e6  # a bf16 value beyond fp16's 65504
+    source = as_llama(Checkpoint([random_layer("model.layers.0.mlp.up_proj", 64, 40, 32, 15)], plain), tmp_path / "m")
+    out = tmp_path / "out.gguf"
+    result = w4("gguf", source, out, "--outtype", "f16")
+    assert result.exit_code == 4
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: lm_head.weight does not fit float16 (--outtype): a value overflows to inf"]
+    assert not out.exists() and not [p.name for p in tmp_path.iterdir() if ".w4tmp-" in p.name]

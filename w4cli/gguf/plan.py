@@ -155,14 +155,23 @@ class Planner:
         dtype = self.float_dtype(name, DTYPES[info.dtype], len(info.shape))
         heads = self.names.permuted_heads(source)
 
+        narrowing = dtype.itemsize < DTYPES[info.dtype].itemsize or (dtype, DTYPES[info.dtype]) == (torch.float16, torch.bfloat16)
+
+        def cast(value: torch.Tensor) -> torch.Tensor:
+            out = value.to(dtype)
+            # the values were checked finite on reading: an inf now is --outtype's overflow
+            if narrowing and not bool(torch.isfinite(out).all()):
+                raise InputRefused(f"{source} does not fit {str(dtype).removeprefix('torch.')} (--outtype): a value overflows to inf")
+            return out
+
         def produce() -> Iterator[np.ndarray]:
             if heads or len(info.shape) < 2:  # a q/k bias or weight moves its rows: read whole (small)
-                value = checkpoint.read_one(source).to(dtype)
+                value = cast(checkpoint.read_one(source))
                 yield _bytes(permute_rows(value, heads) if heads else value)
                 return
             rows = max(1, PIECE_BYTES // max(1, info.nbytes // info.shape[0]))
             for start in range(0, info.shape[0], rows):
-                yield _bytes(checkpoint.read_rows(source, start, min(info.shape[0], start + rows)).to(dtype))
+                yield _bytes(cast(checkpoint.read_rows(source, start, min(info.shape[0], start + rows))))
 
         shape = (*info.shape[:-1], info.shape[-1] * dtype.itemsize) if info.shape else (dtype.itemsize,)
         return GgufTensor(name, source, FLOAT_TYPES[dtype], tuple(shape), produce)
