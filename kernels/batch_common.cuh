@@ -35,7 +35,7 @@ struct BatchArgs {
   int x_stride, x_cols;  // x's row length, and the k below which x holds data (K, or Kp when padded)
   uint32_t group_magic;
   int kblocks, kb_per_split, splits, run_slots;
-  int m_tiles, n_tiles;  // tiles of tokens and of rows (the warp-specialised kernel; 1 and unused elsewhere)
+  int m_tiles;  // tiles of tokens (the warp-specialised kernel; 1 elsewhere)
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -282,7 +282,7 @@ inline BatchArgs batch_args(const void* x, const int32_t* qweight, const int32_t
   a.group_magic = a.runs_per_group > 1 ? static_cast<uint32_t>((uint64_t{1} << 32) / a.runs_per_group + 1) : 0u;
   a.kblocks = static_cast<int>((K + 127) / 128);
   a.run_slots = (groups == 1 || G % 128 == 0) ? 1 : kRunSlots;
-  a.m_tiles = a.n_tiles = 1;
+  a.m_tiles = 1;
   return a;
 }
 

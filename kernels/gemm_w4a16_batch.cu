@@ -296,8 +296,6 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->kernel = 1;
   plan->x_rows = 0;
   plan->x_cols = 0;
-  plan->partial = plan->splits > 1 ? plan->splits * M * N : 0;
-  plan->counters = plan->splits > 1 ? row_blocks : 0;
   return cudaSuccess;
 }
 

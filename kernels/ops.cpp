@@ -243,8 +243,7 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
               msg("batch: kernel must be 1 (mma.sync), 2 (wgmma) or 3 (warp-specialised wgmma), got ", kernel));
   const int64_t max_m = kernel == 3 ? w4::kWsMaxM : w4::kWgmmaMaxM;  // mma.sync's 64 is its plan's refusal
   const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, max_m, "batch", &bias_ptr);
-  TORCH_CHECK(splits >= 0 && splits <= (kernel == 3 ? 4096 : 64),
-              msg("batch: splits must be 0 (automatic) .. ", kernel == 3 ? 4096 : 64, ", got ", splits));
+  TORCH_CHECK(splits >= 0 && splits <= 64, msg("batch: splits must be 0 (automatic) .. 64, got ", splits));
   gemv_check_aligned16(scales, "scales");  // copied to shared memory 16 bytes at a time
   const int64_t M = x.size(0);
   const c10::cuda::CUDAGuard guard(qweight.device());
@@ -257,15 +256,17 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
               ", splits=", splits, ", tiles=", tiles, ", kernel=", kernel, " on this GPU: ",
               cudaGetErrorString(err)));
   at::Tensor partial, counters, x_perm;
-  if (plan.partial > 0) partial = at::empty({plan.partial}, x.options().dtype(at::kFloat));
-  if (plan.counters > 0) counters = at::zeros({plan.counters}, x.options().dtype(at::kInt));
+  if (plan.splits > 1) {
+    partial = at::empty({plan.splits, M, s.N}, x.options().dtype(at::kFloat));
+    counters = at::zeros({(int64_t)plan.row_blocks * plan.m_tiles}, x.options().dtype(at::kInt));
+  }
   if (plan.kernel != 1) x_perm = at::empty({plan.x_rows, plan.x_cols}, x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   err = w4::launch_gemm_w4a16_batch(
       x.data_ptr(), plan.kernel != 1 ? x_perm.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
       qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr, y.data_ptr(),
-      plan.partial > 0 ? partial.data_ptr<float>() : nullptr,
-      plan.counters > 0 ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, stream);
+      plan.splits > 1 ? partial.data_ptr<float>() : nullptr,
+      plan.splits > 1 ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, stream);
   TORCH_CHECK(err == cudaSuccess, msg("batch: kernel launch failed: ", cudaGetErrorString(err),
               " (M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G, ", splits=", plan.splits, ")"));
   return y;

@@ -46,21 +46,18 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 // chooses by M), its tiling (`tiles`, 0 = by shape: row tiles per warp or warpgroup for kernels
 // 1 and 2, the variant 1..5 of kernel 3, gemm_w4a16_wgmma.cu's pick_ws_variant) and the split-K
 // count (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix both to cover each).
-// The caller then provides partial [plan.partial] fp32 and counters [plan.counters] int32 zeroed
-// (the kernel leaves them zeroed) where those are not 0, and for kernels 2 and 3 x_perm
-// [plan.x_rows, plan.x_cols] fp16 scratch. Kernel 3's `splits` is its number of blocks (stream-K
-// ranges; 0 = one per SM). Both return cudaErrorInvalidValue for
+// The caller then provides, when plan.splits > 1, partial [splits, M, N] fp32 and counters
+// [plan.row_blocks * plan.m_tiles] int32 zeroed (the kernel leaves them zeroed), and for kernels 2
+// and 3 x_perm [plan.x_rows, plan.x_cols] fp16 scratch. Both return cudaErrorInvalidValue for
 // arguments they cannot handle.
 constexpr int64_t kBatchMaxM = 64;
 constexpr int64_t kWgmmaMaxM = 128;
 constexpr int64_t kWsMaxM = 65536;
 struct BatchPlan {
-  int splits, kb_per_split, row_blocks, rows, tiles;  // kernel 3: splits = its blocks (stream-K ranges)
+  int splits, kb_per_split, row_blocks, rows, tiles;
   int kernel;           // 1, 2 or 3, as asked
   int m_tiles;          // tiles of tokens (kernel 3; 1 otherwise)
   int x_rows, x_cols;   // the x_perm scratch (0 x 0 for kernel 1)
-  int64_t partial;      // fp32 values of the `partial` workspace to provide (0: none)
-  int64_t counters;     // int32 counters to provide zeroed (0: none)
 };
 cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
                                   BatchPlan* plan);
