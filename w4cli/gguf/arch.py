@@ -104,9 +104,8 @@ def write_hparams(writer: gguf.GGUFWriter, config: dict[str, Any], arch: Archite
     rope = rope_parameters(config)
     writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
-    if "head_dim" in config:
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
+    writer.add_key_length(head_dim(config))  # what llama.cpp assumes without it, said outright
+    writer.add_value_length(head_dim(config))
     _write_rope_scaling(writer, rope)
     experts = expert_count(config)
     if experts:

@@ -46,10 +46,14 @@ def staged(root: Path, name: str) -> Iterator[Path]:
 
 
 def write_general(writer: gguf.GGUFWriter, staged_dir: Path, name: str, provenance: dict[str, str], repo_id: str | None) -> None:
-    """general.* from the model card and config, as llama.cpp's converter derives them; the source
-    repository; w4's provenance keys (w4cli/provenance.py) under w4.*."""
+    """general.* from the model card and config, as llama.cpp's converter derives them (the size
+    label from the tensor infos already in `writer`); the source repository; w4's provenance keys
+    (w4cli/write/provenance.py) under w4.*."""
     writer.add_type(gguf.GGUFType.MODEL)
-    metadata = gguf.Metadata.load(None, staged_dir, name, 0)
+    total, shared, expert, experts = writer.get_total_parameter_count()  # from the tensor infos
+    metadata = gguf.Metadata.load(None, staged_dir, name, total)
+    if metadata.size_label is None and total > 0:  # "7B", "8x7B", as llama.cpp's converter labels it
+        metadata.size_label = gguf.size_label(total, shared, expert, experts)
     if repo_id:
         metadata.source_repo_url = f"https://huggingface.co/{repo_id}"
     metadata.set_gguf_meta_model(writer)

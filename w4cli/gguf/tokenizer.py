@@ -115,7 +115,8 @@ def write_tokenizer(writer: gguf.GGUFWriter, staged: Path, vocab_size: int) -> V
     return vocab
 
 
-ADDED_SCORE = -1000.0  # the score llama.cpp's converter gives added and padding tokens
+ADDED_SCORE = -1000.0  # the scores llama.cpp's converter gives added tokens
+PAD_SCORE = -10000.0  # and ids the model has but the tokenizer does not use
 
 
 def _write_sentencepiece(writer: gguf.GGUFWriter, staged: Path, vocab_size: int) -> Vocabulary:
@@ -127,7 +128,7 @@ def _write_sentencepiece(writer: gguf.GGUFWriter, staged: Path, vocab_size: int)
         raise InputRefused(f"{SENTENCEPIECE} has {len(model.pieces)} pieces, more than config.json vocab_size {vocab_size}")
     pad = vocab_size - len(model.pieces)
     tokens = model.pieces + [f"[PAD{i}]" for i in range(len(model.pieces), vocab_size)]
-    scores = model.scores + [ADDED_SCORE] * pad
+    scores = model.scores + [PAD_SCORE] * pad
     types = model.types + [int(gguf.TokenType.UNUSED)] * pad
 
     def add(token_id: int, text: str, kind: int) -> None:
