@@ -230,3 +230,29 @@ def test_outtype_f16_that_overflows_is_refused_and_leaves_nothing(w4, tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: lm_head.weight does not fit float16 (--outtype): a value overflows to inf"]
     assert not out.exists() and not [p.name for p in tmp_path.iterdir() if ".w4tmp-" in p.name]
+
+
+def test_moe_experts_stacked_and_routers_in_f32(w4, tmp_path):
+    """Mixtral: each projection's experts one [experts, N, K] block tensor, expert e's blocks the
+    e-th slice; the router in F32, as llama.cpp's converter writes it."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from tests.awq_builder import autoawq_reference
+
+    source = build(tmp_path / "m", "mixtral", "awq", layers=1)
+    out = tmp_path / "out.gguf"
+    assert w4("gguf", source, out).exit_code == 0
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    stacked = tensors["blk.0.ffn_gate_exps.weight"]
+    assert stacked.tensor_type == gguf.GGMLQuantizationType.Q4_1 and list(stacked.shape) == [128, 256, 4]  # ggml order: K, N, experts
+    value = {name: field.contents() for name, field in gguf.GGUFReader(out).fields.items()}
+    assert value["llama.expert_count"] == 4 and value["llama.expert_used_count"] == 2
+    stored = load_file(source / "model.safetensors")
+    data = np.asarray(stacked.data).reshape(4, 256, -1)
+    for expert in range(4):
+        prefix = f"model.layers.0.block_sparse_moe.experts.{expert}.w1"
+        exact = autoawq_reference(stored[f"{prefix}.qweight"], stored[f"{prefix}.qzeros"], stored[f"{prefix}.scales"].float(), 128).t().numpy()
+        got = gguf.quants.dequantize(data[expert], gguf.GGMLQuantizationType.Q4_1)
+        assert np.abs(got - exact).max() <= 2.0**-11 * 15 * np.abs(stored[f"{prefix}.scales"].float().numpy()).max()

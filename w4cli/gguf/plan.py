@@ -92,7 +92,7 @@ class Planner:
         self.model = model
         self.names = TensorNames(arch, model.checkpoint.config)
         self.outtype = OUTTYPES[outtype] if outtype else None
-        self.routers = {gguf.TENSOR_NAMES[t] for t in ROUTERS}
+        self.routers = {gguf.TENSOR_NAMES[t].rsplit(".", 1)[-1] for t in ROUTERS}  # "blk.{bid}.ffn_gate_inp" -> "ffn_gate_inp"
 
     def float_dtype(self, gguf_name: str, stored: torch.dtype, ndim: int) -> torch.dtype:
         """1-D tensors and norms in float32, as llama.cpp takes them (a widening: exact); other
