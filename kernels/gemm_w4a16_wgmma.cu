@@ -1,6 +1,8 @@
-// gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..128,
-// on Hopper's warpgroup MMA (wgmma, sm_90a). gemm_w4a16_batch.cu is the same computation on
-// mma.sync for sm_80+; on Hopper mma.sync issues too slowly to keep up with HBM from M = 32 up.
+// gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout) on Hopper's
+// warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header),
+// and the warp-specialised kernel for any M (its own header, "the warp-specialised kernel" below).
+// gemm_w4a16_batch.cu is the same computation on mma.sync for sm_80+; on Hopper mma.sync issues
+// too slowly to keep up with HBM from M = 32 up.
 //
 // Numerics: the batch kernel's per-weight path, W16[n, k] = fp16((q - z) * s) (one mul.rn.f16x2
 // from the exact q - z), fp32 accumulation in the tensor cores, split partials added in split
@@ -213,6 +215,18 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 
 // ---- the warp-specialised kernel: any M, tokens in tiles of MT, a producer warp ----
 //
+// Same numerics and k order as above. A block owns a tile of R = 128 NT rows of N and MT = 64, 128
+// or 256 tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1) and a range of k-blocks
+// (split-K as batch_common.cuh). Warps 0-7 are two MMA warpgroups (wgmma_stage, m64nMT, one per
+// m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-4 stages
+// through the bulk copy engine and cp.async on `full`/`empty` mbarriers (no block barrier in the
+// loop), while the MMA warps keep the last word's wgmmas in flight across stage boundaries.
+// Launch shape: tile_x_kernel (x -> x_tiles [m_tiles, kblocks, MT x 256 B], the stages' swizzled
+// images), then grid (ceil(N / R), S, m_tiles), 384 threads, dynamic shared memory kStages x
+// (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB opt-in at MT = 256), 1 block/SM.
+// Constraints: as the cp.async kernel, with 1 <= M <= 65536 and x_tiles [m_tiles x MT, Kp] fp16
+// scratch; plan_gemm_w4a16_ws picks the variant and S (see its comments).
+//
 // Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
 // tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
 // (the header's k order, two 64-k swizzle atoms, 16-byte unit u of row r at u ^ (r % 8)), tokens
@@ -414,8 +428,9 @@ bool pick_wg_variant(int64_t M, int tiles, WgVariant* v) {
   }
 }
 
-bool wg_shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
-  return M >= 1 && M <= kWgmmaMaxM && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
+// Both wgmma kernels' shape rules; max_m: kWgmmaMaxM or kWsMaxM.
+bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) {
+  return M >= 1 && M <= max_m && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
          (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
 }
 
@@ -463,10 +478,6 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   return (best_mt == 64 ? 1 : 3) + (tiles2 >= sms ? 1 : 0);
 }
 
-bool ws_shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
-  return M >= 1 && M <= kWsMaxM && K >= 8 && K % 8 == 0 && N >= 8 && N % 8 == 0 && G >= 1 && K % G == 0 &&
-         (G % 32 == 0 || G == K) && K < (int64_t{1} << 21) && N < (int64_t{1} << 31);
-}
 
 }  // namespace
 
@@ -479,7 +490,7 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // SMs idle (the mma.sync kernel's rule); at M > 64 only one fits in registers
   if (tiles == 0) tiles = M <= 64 && N * 5 >= (int64_t)sms * 256 * 4 ? 2 : 1;
   WgVariant v;
-  if (!wg_shapes_ok(M, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v))
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
@@ -505,7 +516,7 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* 
                                     int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
                                     cudaStream_t stream) {
   WgVariant v;
-  if (!wg_shapes_ok(M, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
       plan.splits < 1 || x_perm == nullptr || plan.x_cols != (K + 127) / 128 * 128 ||
       (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;
@@ -527,7 +538,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (!ws_shapes_ok(M, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
+  if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
   if (variant == 0) variant = default_ws_variant(M, K, N, sms);
   WsVariant v;
   if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
@@ -562,7 +573,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qw
                                  int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
                                  cudaStream_t stream) {
   WsVariant v;
-  if (!ws_shapes_ok(M, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows || plan.splits < 1 ||
+  if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows || plan.splits < 1 ||
       x_tiles == nullptr || plan.x_cols != (K + 127) / 128 * 128 || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
       plan.x_rows != plan.m_tiles * v.tokens || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;

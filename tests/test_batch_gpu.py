@@ -89,23 +89,16 @@ def hopper(kernels):
     return kernels
 
 
-@pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336)])
-@pytest.mark.parametrize("m", [24, 64, 128])
-def test_wgmma_random_real_shapes(hopper, k, n, m):
+# the cp.async wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond
+@pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 28672)])
+@pytest.mark.parametrize("m,kernel", [(24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (1000, 3)])
+def test_wgmma_random_real_shapes(hopper, k, n, m, kernel):
     layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
     x = activations(m, k, seed=m, exact=False)
-    assert_close(hopper._batch(x, **layer, kernel=2), x, layer, None)
+    assert_close(hopper._batch(x, **layer, kernel=kernel), x, layer, None)
 
 
 REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
-
-
-@pytest.mark.parametrize("k,n", [(4096, 4096), (8192, 28672), (14336, 4096)])
-@pytest.mark.parametrize("m", [129, 256, 1000])
-def test_ws_random_real_shapes(hopper, k, n, m):
-    layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
-    x = activations(m, k, seed=m, exact=False)
-    assert_close(hopper._batch(x, **layer, kernel=3), x, layer, None)
 
 
 @pytest.mark.parametrize("k,n", REAL)
