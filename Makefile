@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # the GPU machine's own interpreter, which already holds CUDA torch
 GPU_PYTHON ?= python3
+# llama-cpp-python (the tests' llama.cpp) builds llama.cpp from source: only the library the tests
+# load (no multimodal library, tools, examples or server: about 4 minutes on 2 cores instead of 8),
+# for any AVX2 machine rather than this CPU alone, so pip's cached wheel stays usable elsewhere
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 
-.PHONY: all demo test test-gpu kernels-check bench-stream bench-tensors clean
+.PHONY: all demo test test-gpu kernels-check bench-stream bench-gguf bench-tensors clean
 
 all: test
 
@@ -20,7 +24,7 @@ $(STAMP): pyproject.toml
 		$(BIN)/pip install -q "torch==2.13.0+cpu" 2>/dev/null \
 		|| $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(BIN)/pip install -q -e '.[test]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 demo: $(STAMP)
@@ -45,6 +49,10 @@ kernels-check:
 # streaming memory and throughput on a synthetic Llama-7B-shaped checkpoint (docs/performance.md)
 bench-stream: $(STAMP)
 	$(BIN)/python tests/perf_dequantize_stream.py
+
+# time and memory of w4 gguf against w4 dequantize on the same 7B-shaped AWQ checkpoint (docs/performance.md)
+bench-gguf: $(STAMP)
+	$(BIN)/python tests/perf_gguf_stream.py
 
 # time and memory of dequantize and verify on 100,000 small tensors (an MoE's count; docs/performance.md)
 bench-tensors: $(STAMP)

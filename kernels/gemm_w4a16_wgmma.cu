@@ -160,10 +160,8 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
                             af[i][4 * h + 2], af[i][4 * h + 3], desc);
     }
     wgmma_commit();
-    // kDrain: word j - 1's wgmmas are done, their A fragments' registers free again; else two
-    // words stay queued (the tensor cores idle less), and the previous stage is done after word 1
-    if (kDrain) wgmma_wait<1>(); else wgmma_wait<2>();
-    if (!kDrain && j == 1 && release != 0) mbar_arrive(release);
+    wgmma_wait<1>();  // word j - 1's wgmmas are done: their A fragments' registers are free again
+    if (!kDrain && j == 0 && release != 0) mbar_arrive(release);
   }
   if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
 }

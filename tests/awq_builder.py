@@ -98,7 +98,7 @@ class Checkpoint:
         out.update(self.plain)
         return out
 
-    def write(self, directory: Path, shards: dict[str, list[str]] | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    def write(self, directory: Path, shards: dict[str, list[str]] | None = None, extra_files: dict[str, str | bytes] | None = None) -> Path:
         """shards: file name -> tensor names; default one model.safetensors. With several files
         an index is written."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -128,8 +128,11 @@ class Checkpoint:
             assert set(weight_map) == set(tensors), "every tensor must be assigned a shard"
             index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
             (directory / "model.safetensors.index.json").write_text(json.dumps(index))
-        for name, text in (extra_files or {}).items():
-            (directory / name).write_text(text)
+        for name, content in (extra_files or {}).items():
+            if isinstance(content, bytes):
+                (directory / name).write_bytes(content)
+            else:
+                (directory / name).write_text(content)
         return directory
 
 

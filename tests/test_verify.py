@@ -302,7 +302,7 @@ def test_refused_source_exits_4(tmp_path, w4, source):
     "args,match",
     [
         (["--against", "x"], "needs the OUTPUT directory"),
-        (["somewhere-that-does-not-exist", "--against", "x"], "is not a directory"),
+        (["somewhere-that-does-not-exist", "--against", "x"], "is neither a GGUF file nor a directory"),
         (["./no-such-model"], "no such directory"),
     ],
 )

@@ -16,7 +16,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from w4cli import __version__, console
-from w4cli.commands import bench, dequantize, gemv, repack, verify
+from w4cli.commands import bench, dequantize, gemv, gguf, repack, verify
 from w4cli.errors import EXIT_USAGE
 
 
@@ -95,6 +95,7 @@ def _examples(lines: list[str]) -> str:
 
 app.command("dequantize", epilog=_examples(dequantize.EXAMPLES))(dequantize.dequantize)
 app.command("repack", epilog=_examples(repack.EXAMPLES))(repack.repack)
+app.command("gguf", epilog=_examples(gguf.EXAMPLES))(gguf.gguf)
 app.command("gemv", epilog=_examples(gemv.EXAMPLES))(gemv.gemv)
 app.command("bench", epilog=_examples(bench.EXAMPLES))(bench.bench)
 app.command("verify", epilog=_examples(verify.EXAMPLES))(verify.verify)

@@ -3,6 +3,7 @@
     w4 verify                              kernel self-test (CPU reference checks; GPU checks on a GPU)
     w4 verify MODEL                        one quantized checkpoint: integrity, and its layers on the GPU
     w4 verify OUTPUT --against SOURCE      a dequantize/repack output vs a fresh conversion of SOURCE
+    w4 verify OUT.gguf --against SOURCE    a w4 gguf file vs a fresh conversion of SOURCE
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ EXAMPLES = [
     "w4 verify --require-gpu --junit verify.xml     # CI on a GPU runner",
     "w4 verify Qwen/Qwen2.5-7B-Instruct-AWQ --json report.json",
     "w4 verify ./qwen-fp16 --against Qwen/Qwen2.5-7B-Instruct-AWQ",
+    "w4 verify qwen2.5-7b.gguf --against Qwen/Qwen2.5-7B-Instruct-AWQ --junit gguf.xml",
 ]
 
 TargetArg = Annotated[
     Optional[str],
-    typer.Argument(help="Checkpoint to check: a quantized MODEL (Hub id or directory), or with --against the OUTPUT directory. Omit for the kernel self-test.", show_default=False,
+    typer.Argument(help="Checkpoint to check: a quantized MODEL (Hub id or directory), or with --against the OUTPUT directory or OUT.gguf file. Omit for the kernel self-test.", show_default=False,
                    metavar="TARGET", parser=not_empty),
 ]
 AgainstOpt = Annotated[
@@ -70,15 +72,24 @@ def verify(
         from w4cli.verify import compare
 
         output = Path(target).expanduser()
-        if not output.is_dir():
-            raise UsageError(f"OUTPUT '{target}' is not a directory (w4 verify OUTPUT --against SOURCE compares a local output)")
-        # an OUTPUT made with --include-code holds SOURCE's *.py files: fetch them to compare
-        include_code = provenance.made_with_code(provenance.read(output))
-        source = resolve(against, revision, token, cache_dir, include_code)
-        report = rep.Report(f"w4 verify {target} --against {against}",
-                            {"mode": "compare", "output": str(output), "source": against, "source_revision": source.revision},
-                            describe(Gpu(None, "not used: the fresh conversion runs on the CPU reference"), None))
-        compare.run(report, output.resolve(), source, include_code)
+        if output.is_file():
+            from w4cli.verify import gguf_compare
+
+            source = resolve(against, revision, token, cache_dir)
+            report = rep.Report(f"w4 verify {target} --against {against}",
+                                {"mode": "gguf", "output": str(output), "source": against, "source_revision": source.revision},
+                                describe(Gpu(None, "not used: the fresh conversion runs on the CPU"), None))
+            gguf_compare.run(report, output, source)
+        elif not output.is_dir():
+            raise UsageError(f"OUTPUT '{target}' is neither a GGUF file nor a directory (w4 verify OUTPUT --against SOURCE compares a local output)")
+        else:
+            # an OUTPUT made with --include-code holds SOURCE's *.py files: fetch them to compare
+            include_code = provenance.made_with_code(provenance.read(output))
+            source = resolve(against, revision, token, cache_dir, include_code)
+            report = rep.Report(f"w4 verify {target} --against {against}",
+                                {"mode": "compare", "output": str(output), "source": against, "source_revision": source.revision},
+                                describe(Gpu(None, "not used: the fresh conversion runs on the CPU reference"), None))
+            compare.run(report, output.resolve(), source, include_code)
     elif target is not None:
         from w4cli.read.source import resolve
         from w4cli.verify import integrity

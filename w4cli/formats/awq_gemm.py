@@ -26,6 +26,7 @@ from w4cli.formats.unpacked import UnpackedLinear
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # element j of the 8 channels sits in nibble AWQ_REVERSE_ORDER[j]
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+UNPACK_WORDS = 128  # words of N (8 output rows each) unpacked at a time (unpack_linear)
 
 
 def _shifts(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -97,10 +98,29 @@ def dequantize_exact(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return (diff.to(torch.float32) * scales.to(torch.float32).view(groups, 1, n)).view(k, n)
 
 
-# qweight [K, N/8] int32 -> codes [N, K] uint8, transposed as one-byte codes rather than as the
-# 2- or 4-byte results
+# qweight [K, N/8] int32 -> codes [N, K] uint8
 def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
-    return unpack(qweight).t().contiguous()
+    # Straight into [N, K] = [N/8, 8, K], a few words of N at a time: those words transposed to
+    # [words, K] (4 bytes each), then each of the 8 channels is one nibble of one byte of every word,
+    # a strided byte read and a contiguous row write. The temporaries stay a few MB, so memory holds
+    # the packed words and the codes, nothing more.
+    k, words = qweight.shape
+    codes = torch.empty((words, PACK, k), dtype=torch.uint8)
+    for start in range(0, words, UNPACK_WORDS):
+        cols = slice(start, min(words, start + UNPACK_WORDS))
+        octets = qweight[:, cols].t().contiguous().view(torch.uint8).view(-1, k, 4)  # little-endian bytes
+        for channel, nibble in enumerate(AWQ_REVERSE_ORDER):
+            byte = octets[:, :, nibble // 2]
+            if nibble % 2:
+                torch.bitwise_right_shift(byte, 4, out=codes[cols, channel])
+            else:
+                torch.bitwise_and(byte, 0xF, out=codes[cols, channel])
+    return codes.view(words * PACK, k)
+
+
+# qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> the codes, zeros and scales
+def unpack_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> UnpackedLinear:
+    return UnpackedLinear(unpack_codes(qweight), unpack(qzeros).t(), scales.t())
 
 
 # qweight [K, N/8] int32; qzeros [K/G, N/8] int32; scales [K/G, N] -> qweight as it is, zeros and scales [N, K/G]
@@ -128,4 +148,4 @@ def dequantize(
 ) -> torch.Tensor:
     if not transpose:
         return dequantize_exact(qweight, qzeros, scales).to(dtype)
-    return UnpackedLinear(unpack_codes(qweight), unpack(qzeros).t(), scales.t()).dequantize(dtype)
+    return unpack_linear(qweight, qzeros, scales).dequantize(dtype)

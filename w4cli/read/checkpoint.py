@@ -143,6 +143,18 @@ class Checkpoint:
     def read_one(self, name: str) -> torch.Tensor:
         return self.read(name)[name]
 
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start..stop of the tensor (along its first dimension), read alone: a consumer that
+        streams a large tensor (a 2 GB embedding) holds a slice of it, never all of it."""
+        began = time.perf_counter()
+        info = self.tensors[name]
+        row_bytes = info.nbytes // info.shape[0] if info.shape and info.shape[0] else 0
+        raw = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
+        if raw.numel():
+            _pread_into(self._shards.fd(info.file), memoryview(raw.numpy()), info.start + start * row_bytes, info.file)
+        self.read_seconds += time.perf_counter() - began
+        return raw.view(DTYPES[info.dtype]).reshape(stop - start, *info.shape[1:])
+
     def close(self) -> None:
         self._shards.close()
 

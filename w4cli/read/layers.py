@@ -8,6 +8,7 @@ refuses on it, and `w4 verify MODEL` reports it row by row.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -355,18 +356,37 @@ def _act_scale_target(info: TensorInfo, layers: dict[str, QuantLinear], tensors:
     return candidates[0]
 
 
-# elements tested at a time: the temporaries of a 1 GB embedding stay a few MB
+# elements tested (and of a stored tensor, about as many read) at a time: the temporaries of a 1 GB
+# embedding stay a few MB
 FINITE_CHUNK = 1 << 22
 
 
-def _bad_values(values: torch.Tensor, zero_is_bad: bool) -> str | None:
+def _chunks(values: torch.Tensor, offset: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
+    """(flat index of the first element, a flat chunk of at most FINITE_CHUNK elements)."""
+    flat = values.reshape(-1)
+    for start in range(0, flat.numel(), FINITE_CHUNK):
+        yield offset + start, flat[start : start + FINITE_CHUNK]
+
+
+def _stored_chunks(checkpoint: Checkpoint, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+    """A stored tensor's chunks, read a few rows at a time: a 2 GB embedding is never whole in
+    memory."""
+    info = checkpoint.tensors[name]
+    if len(info.shape) < 2 or not info.shape[0]:
+        yield from _chunks(checkpoint.read_one(name))
+        return
+    row = info.nbytes // info.shape[0] // DTYPES[info.dtype].itemsize  # elements per row
+    rows = max(1, FINITE_CHUNK // max(1, row))
+    for start in range(0, info.shape[0], rows):
+        yield from _chunks(checkpoint.read_rows(name, start, min(info.shape[0], start + rows)), start * row)
+
+
+def _bad_values(chunks: Iterable[tuple[int, torch.Tensor]], shape: tuple[int, ...], zero_is_bad: bool) -> str | None:
     """None if every value is finite (and non-zero when zero_is_bad); else how many are not and
     the first, with its index. The common all-finite chunk costs one min/max pass (they propagate
     NaN), many times faster than isfinite on 16-bit floats; only a failing chunk is looked into."""
-    flat = values.reshape(-1)
-    first, count = None, 0
-    for start in range(0, flat.numel(), FINITE_CHUNK):
-        part = flat[start : start + FINITE_CHUNK]
+    first, first_value, count = None, None, 0
+    for start, part in chunks:
         low, high = torch.aminmax(part)
         if bool(torch.isfinite(low) & torch.isfinite(high)) and not (zero_is_bad and bool((part == 0).any())):
             continue
@@ -375,15 +395,16 @@ def _bad_values(values: torch.Tensor, zero_is_bad: bool) -> str | None:
             bad |= part == 0
         count += int(bad.sum())
         if first is None:
-            first = start + int(bad.nonzero()[0])
+            at = int(bad.nonzero()[0])
+            first, first_value = start + at, part[at].item()
     if first is None:
         return None
     where, rest = [], first
-    for dim in reversed(values.shape):
+    for dim in reversed(shape):
         where.append(rest % dim)
         rest //= dim
     kind = "NaN, inf or zero" if zero_is_bad else "NaN or inf"
-    return f"{count} {kind} value{'s' if count != 1 else ''}, first {flat[first].item()!r} at {where[::-1]}"
+    return f"{count} {kind} value{'s' if count != 1 else ''}, first {first_value!r} at {where[::-1]}"
 
 
 def check_scales(model: QuantModel) -> int:
@@ -391,18 +412,19 @@ def check_scales(model: QuantModel) -> int:
     every output it touches. Returns how many tensors were read."""
     names = [layer.scales for layer in model.layers.values()] + [a.name for a in model.act_scales.values()]
     for name in names:
-        bad = _bad_values(model.checkpoint.read_one(name), zero_is_bad=True)
+        values = model.checkpoint.read_one(name)
+        bad = _bad_values(_chunks(values), tuple(values.shape), zero_is_bad=True)
         _expect(bad is None, f"{name} holds {bad}")
     return len(names)
 
 
 def check_unquantized(model: QuantModel) -> int:
     """Every unquantized float tensor (plain tensors and biases) finite: a conversion would copy a
-    NaN into the output unnoticed. One tensor in memory at a time. Returns how many were read."""
+    NaN into the output unnoticed. A few rows in memory at a time. Returns how many were read."""
     tensors = model.checkpoint.tensors
     names = [n for n in model.plain + [layer.bias for layer in model.layers.values() if layer.bias] if tensors[n].dtype in FLOAT_CODES]
     for name in names:
-        bad = _bad_values(model.checkpoint.read_one(name), zero_is_bad=False)
+        bad = _bad_values(_stored_chunks(model.checkpoint, name), tensors[name].shape, zero_is_bad=False)
         _expect(bad is None, f"{name} holds {bad}")
     return len(names)
 

@@ -5,7 +5,9 @@ is written before all of it has passed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from w4cli.read import hub
 from w4cli.read.checkpoint import Checkpoint, open_checkpoint
@@ -19,14 +21,20 @@ NOT_COPIED = {"config.json", "model.safetensors.index.json", "quant_config.json"
 
 
 def resolve(
-    model: str, revision: str | None, token: str | None, cache_dir: Path | None, include_code: bool = False
+    model: str, revision: str | None, token: str | None, cache_dir: Path | None, include_code: bool = False,
+    check_config: Callable[[dict[str, Any]], None] | None = None,
 ) -> hub.Snapshot:
+    """MODEL's snapshot directory. config.json is checked before any weights are fetched: the
+    quantization it declares and, where the command has more to ask of it (`w4 gguf`: the
+    architecture), `check_config`."""
     # the legacy quant_config.json sits beside config.json, so the early check only runs when
     # config.json itself declares the quantization
     def early_check(path: Path) -> None:
         config = read_json(path)
         if "quantization_config" in config:
             read_scheme(path.parent, config)
+        if check_config is not None:
+            check_config(config)
 
     patterns = hub.CHECKPOINT_PATTERNS + (hub.CODE_PATTERNS if include_code else [])
     return hub.resolve(model, revision=revision, token=token, cache_dir=cache_dir, patterns=patterns, check_config=early_check)
