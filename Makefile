@@ -38,9 +38,10 @@ test: $(STAMP)
 	else echo "nvcc not on PATH: skipping kernels-check"; fi
 	$(BIN)/python -m pytest
 
-# on a machine with a CUDA GPU and its own torch (the device machine): the GPU-marked tests
+# on a machine with a CUDA GPU and its own torch (the device machine): the GPU-marked tests, which
+# live in tests/*_gpu.py (only those are collected: that machine need not have the CPU tests' packages)
 test-gpu:
-	$(GPU_PYTHON) -m pytest -m gpu -rA
+	$(GPU_PYTHON) -m pytest -m gpu -rA tests/*_gpu.py
 
 # one line per kernel file and arch; V=1 lists every kernel's registers and spills
 kernels-check:
