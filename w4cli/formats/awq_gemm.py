@@ -105,7 +105,7 @@ def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
     # a strided byte read and a contiguous row write. The temporaries stay a few MB, so memory holds
     # the packed words and the codes, nothing more.
     k, words = qweight.shape
-    codes = torch.empty((words, PACK, k), dtype=torch.uint8)
+    codes = torch.empty((words, PACK, k), dtype=torch.uint8, device=qweight.device)
     for start in range(0, words, UNPACK_WORDS):
         cols = slice(start, min(words, start + UNPACK_WORDS))
         octets = qweight[:, cols].t().contiguous().view(torch.uint8).view(-1, k, 4)  # little-endian bytes

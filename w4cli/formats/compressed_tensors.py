@@ -117,7 +117,7 @@ def packed_linear(
     weight_g_idx that is the plain grouping k // G is dropped (contiguous groups)."""
     k, n, g = validate(weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape, args)
     if weight_zero_point is None:
-        zeros = torch.full((n, k // g), SYMMETRIC_ZERO, dtype=torch.uint8)
+        zeros = torch.full((n, k // g), SYMMETRIC_ZERO, dtype=torch.uint8, device=weight_packed.device)
     else:
         zeros = unpack_zero_point(weight_zero_point, n).contiguous()
     g_idx = None if weight_g_idx is None or identity_groups(weight_g_idx, g) else weight_g_idx.to(torch.int64)

@@ -61,7 +61,7 @@ class UnpackedLinear:
 def identity_groups(g_idx: torch.Tensor, group_size: int) -> bool:
     """Whether g_idx is the plain grouping g_idx[k] == k // G (no act-order permutation)."""
     k = g_idx.shape[0]
-    return bool(torch.equal(g_idx.to(torch.int64), torch.arange(k, dtype=torch.int64) // group_size))
+    return bool(torch.equal(g_idx.to(torch.int64), torch.arange(k, dtype=torch.int64, device=g_idx.device) // group_size))
 
 
 def group_map_problem(g_idx: torch.Tensor, k: int, group_size: int) -> str | None:
