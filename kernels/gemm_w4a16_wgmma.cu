@@ -256,9 +256,12 @@ __global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict_
 
 // Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
 // Registers are split unevenly (setmaxnreg): 232 a thread for the MMA warps, which hold a 64 x 256
-// fp32 accumulator, 40 for the producer's; 2 x 232 + 40 warps' worth fit one SM sub-partition.
+// fp32 accumulator, 40 for the producer's. The block is launched with 168 a thread (384 threads)
+// and setmaxnreg.inc waits until the block's pool has the registers: 2 x MMA + producer must be
+// 3 x 168, or the block hangs (seen on the H100 with 2 x 240 + 32).
 constexpr int kWsThreads = kBatchThreads + 128;
 constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
+static_assert(2 * kWsMmaRegs + kWsProducerRegs == 3 * (65536 / kWsThreads / 8 * 8), "the pool the block starts with");
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
 // The warp-specialised kernel's stages: up to 4 in the opt-in limit (3 at MT = 256).
