@@ -36,7 +36,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--splits", default="1,2,3,4,6,8")
     ap.add_argument("--tiles", default="1,2,4")
-    ap.add_argument("--kernels", default="1,2", help="1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128), "
+    ap.add_argument("--kernels", default="1,2", help="0 = the GEMV in one launch (M <= 32; --splits are its warps), "
+                    "1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128), "
                     "3 = warp-specialised wgmma (sm_90a, any M; --tiles are its variants 1..5)")
     args = ap.parse_args()
     kernels.load()
@@ -62,14 +63,17 @@ def main() -> int:
                 print(f"  {shape} M={m}: dequant+cuBLAS {dq.median_us:.2f} ({fp.median_us / dq.median_us:.2f}x)", flush=True)
             best = None
             for kernel in (int(v) for v in args.kernels.split(",")):
-                if (kernel == 1 and m > 64) or (kernel == 2 and m > 128):
+                if (kernel == 0 and m > 32) or (kernel == 1 and m > 64) or (kernel == 2 and m > 128):
                     continue
-                for tiles in (int(v) for v in args.tiles.split(",")):
+                for tiles in [0] if kernel == 0 else (int(v) for v in args.tiles.split(",")):
                     for splits in [0] + [int(v) for v in args.splits.split(",") if v]:
-                        t = run_case(f"{shape} M={m} kernel={kernel} tiles={tiles} splits={splits}", layer, m,
-                                     lambda x, qw, qz, s, b, tiles=tiles, splits=splits, kernel=kernel: kernels._batch(
-                                         x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits, tiles=tiles,
-                                         kernel=kernel), copy)
+                        if kernel == 0:
+                            run = lambda x, qw, qz, s, b, splits=splits: kernels._gemv_splits(  # noqa: E731
+                                x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits)
+                        else:
+                            run = lambda x, qw, qz, s, b, tiles=tiles, splits=splits, kernel=kernel: kernels._batch(  # noqa: E731
+                                x, qweight=qw, qzeros=qz, scales=s, bias=b, splits=splits, tiles=tiles, kernel=kernel)
+                        t = run_case(f"{shape} M={m} kernel={kernel} tiles={tiles} splits={splits}", layer, m, run, copy)
                         if t is None:
                             continue
                         print(f"    kernel={kernel} tiles={tiles} splits={splits}: {t.median_us:.2f} us ({fp.median_us / t.median_us:.2f}x, {t.pct_of_copy:.0f}% copy)", flush=True)

@@ -1,7 +1,8 @@
 // gemm_w4a16_batch.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 9..64.
 //
-// The GEMV (gemv_w4a16.cu) serves M <= 8 with one mma n8 tile of tokens; called per 8 rows it
-// re-reads the whole weight for every 8 tokens. This kernel reads each weight once for all M rows.
+// The GEMV (gemv_w4a16.cu) holds up to 4 mma n8 tiles of tokens in registers, without staging;
+// this kernel stages weights and activations in shared memory and reads each weight once for all
+// M rows, which wins on layers large enough to hide its pipeline fill (kernels.gemv_path).
 //
 // Numerics (the GEMV's per-weight path): W16[n, k] = fp16((q - z) * s), one mul.rn.f16x2 from the
 // exact q - z, bit-identical to w4cli.formats.w4_gemv.dequantize; the tensor cores add the exact

@@ -1,4 +1,4 @@
-// gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..8.
+// gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout), M = 1..32.
 //
 // Computes, for m < M and n < N, with W[n, k] = (q - z) * s (the AWQ formula), on one of two paths:
 //   scale after the mma (G % 128 == 0 or one group, and K >= 4096):
@@ -46,9 +46,14 @@
 // (slots 2t,2t+1 <-> b0, 2t+8,2t+9 <-> b1, the same real k for every lane with the same t), and
 // lane (g, t) loads its activations as one 16-byte vector x[g, k0 .. k0+7]. No shuffles, no
 // shared-memory staging: the A fragment comes straight out of the conversion.
+// Token tiles: M = 9..16 (NB = 2) and 17..32 (NB = 4) run the same mma pair per word on each tile
+// of 8 tokens (lane (g, t) loads x[g + 8 b, ...] for tile b), so the conversion, the costly part,
+// is shared by NB tiles and the weight is read once; each tile's chains are the ones of M <= 8, so
+// at the same split a token gets the same bits whatever M is.
 //
-// Launch shape: grid = ceil(N/16) blocks (one 16-row tile each), block = S warps (S in 1,2,4,8,16),
-// dynamic shared memory S * 512 B. Warp w reduces k-blocks
+// Launch shape: grid = ceil(N/16) blocks (one 16-row tile each), block = S warps (S in 1,2,4,8,16;
+// at most 8 with NB > 1, whose accumulators need more than 128 registers), dynamic shared memory
+// S * NB * 512 B. Warp w reduces k-blocks
 // [w*P, (w+1)*P) of the tile (split-K inside the block). The S partial 16x8 tiles are summed in
 // warp order through shared memory (deterministic: no atomics), bias added in fp32, one fp16
 // rounding. S is the largest power of two for which all ceil(N/16) blocks are resident at once
@@ -56,16 +61,17 @@
 //
 // Kernels, chosen by shape in launch_gemv_w4a16 (dev/LOG.md has the measurements behind each):
 //   scale after the mma: the pipelined kernel, two register stages computed in order, two mma
-//     chains per k-block; up to 128 registers (one 16-warp block or several smaller ones per SM)
-//   per weight: the lean kernel, one k-block at a time, unpredicated main loop, 64 registers (two
-//     512-thread blocks per SM)
+//     chains per k-block and token tile; up to 128 registers at NB = 1 (one 16-warp block or
+//     several smaller ones per SM), up to 255 beyond
+//   per weight: the lean kernel, one k-block at a time, unpredicated main loop, 64 registers at
+//     NB = 1 (two 512-thread blocks per SM)
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
-//   1 <= M <= 8 (larger M: call per 8 rows; the tensor-core tile has 8 columns), N % 8 == 0,
+//   1 <= M <= 32 (four token tiles of 8 columns), N % 8 == 0,
 //   K % 8 == 0, K % G == 0, G % 32 == 0 or G == K, K < 2^21, N < 2^31.
 //   Tails: N % 16 == 8 (last tile half empty: rows g+8 not stored; the checked paths do not load
 //   them, the unpredicated ones re-read rows g), K % 128 != 0 (qweight padded by repack;
 //   activations past K are never read: the partial k-block takes the checked path).
-//   M > 8 is split into launches of 8 rows by w4cli.gpu.kernels.gemv (each re-reads the weight).
+//   Where M > 8 takes this kernel rather than the batch kernels: w4cli.gpu.kernels.gemv_path.
 // Numerics: as above; the tensor cores add exact products in fp32 (their internal
 //   accumulation order/truncation differs from a sequential fp32 loop by a few ulp of the partial
 //   sums); the output is rounded once. Sums of small-integer-times-power-of-two data are exact.
@@ -85,8 +91,12 @@ namespace w4 {
 namespace {
 
 constexpr int kMaxWarps = 16;  // per block; 16 * 32 threads * 128 registers = one SM's 64K
-constexpr int kMaxM = 8;       // mma n8: one column per token
-constexpr int kSmemPerWarp = 4 * 32 * sizeof(float);  // one warp's 16x8 fp32 partial tile
+constexpr int kMaxTiles = 4;   // token tiles of 8 (mma n8: one column per token)
+// warps per block with NB token tiles: more than one tile's accumulators and activations take
+// more than the 128 registers a thread of a 16-warp block can have
+constexpr int max_warps(int nb) { return nb == 1 ? kMaxWarps : kMaxWarps / 2; }
+constexpr int kMaxM = 8 * kMaxTiles;
+constexpr int kSmemPerTile = 4 * 32 * sizeof(float);  // one warp's 16x8 fp32 partial tile
 constexpr int kPdlPrefetch = 2;  // k-blocks of weights sent to L2 before waiting for the previous kernel
 
 // Everything one k-block needs from global memory except the activations.
@@ -111,12 +121,14 @@ struct Args {
 };
 
 // Per-lane constants.
+template <int NB>
 struct Lane {
   int g, t, tile, row_lo, words_n, zshift;
-  bool has_hi, has_x;
-  const uint4* wlo;   // this lane's uint4 in tile (2*tile, kb = 0)
-  const uint4* whi;   // ... in tile (2*tile + 1, 0)
-  const uint4* xrow;  // x[g, 0]
+  bool has_hi;
+  bool has_x[NB];         // token g + 8 b exists
+  const uint4* wlo;       // this lane's uint4 in tile (2*tile, kb = 0)
+  const uint4* whi;       // ... in tile (2*tile + 1, 0)
+  const uint4* xrow[NB];  // x[g + 8 b, 0] (x[0, 0] where that token does not exist)
   uint64_t policy;
   int kb_end;
 };
@@ -128,7 +140,8 @@ __device__ __forceinline__ int group_of_run(uint32_t run, const Args& a) {
 }
 
 // Scale pair (rows g, g+8) and zero pair of the lane's 32-k run in k-block kb (0 past the range).
-__device__ __forceinline__ void load_sz(Block& b, int kb, const Args& a, const Lane& l) {
+template <int NB>
+__device__ __forceinline__ void load_sz(Block& b, int kb, const Args& a, const Lane<NB>& l) {
   const int grp = group_of_run(4u * kb + l.t, a);
   uint32_t s = 0, z = 0;
   if (kb < l.kb_end) {
@@ -146,8 +159,8 @@ __device__ __forceinline__ void load_sz(Block& b, int kb, const Args& a, const L
   b.z = z;
 }
 
-template <int U>
-__device__ __forceinline__ void load_blocks(Block (&b)[U], int kb0, const Args& a, const Lane& l) {
+template <int U, int NB>
+__device__ __forceinline__ void load_blocks(Block (&b)[U], int kb0, const Args& a, const Lane<NB>& l) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int kb = kb0 + u;
@@ -159,28 +172,33 @@ __device__ __forceinline__ void load_blocks(Block (&b)[U], int kb0, const Args& 
   }
 }
 
-// Activations of U k-blocks, issued together: x[g, k0 .. k0+7] for k0 = 128 kb + 32 t + 8 j.
-// K % 8 == 0, so a 16-byte vector is all in or all out; columns g >= M are zero.
-template <int U>
-__device__ __forceinline__ void load_x(uint4 (&xv)[U][4], int kb0, const Args& a, const Lane& l) {
+// Activations of U k-blocks, issued together: x[g + 8 b, k0 .. k0+7] for k0 = 128 kb + 32 t + 8 j.
+// K % 8 == 0, so a 16-byte vector is all in or all out; columns of tokens >= M are zero.
+template <int U, int NB>
+__device__ __forceinline__ void load_x(uint4 (&xv)[U][NB][4], int kb0, const Args& a, const Lane<NB>& l) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int k0 = 128 * (kb0 + u) + 32 * l.t + 8 * j;
-      xv[u][j] = (kb0 + u < l.kb_end && l.has_x && k0 < a.K) ? __ldg(l.xrow + (k0 >> 3))
-                                                               : make_uint4(0, 0, 0, 0);
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k0 = 128 * (kb0 + u) + 32 * l.t + 8 * j;
+        xv[u][b][j] = (kb0 + u < l.kb_end && l.has_x[b] && k0 < a.K) ? __ldg(l.xrow[b] + (k0 >> 3))
+                                                                      : make_uint4(0, 0, 0, 0);
+      }
     }
   }
 }
 
-// Dequantize one k-block (the lane's 4 words of rows g and g+8) and run its 8 mma. acc0 takes the
-// first mma of each word, acc1 the second: two independent dependency chains through the tensor
-// core. s: fp16 scale of row g (low half) and g+8 (high half); z: zero of row g (bits 0..3) and
-// g+8 (bits 4..7).
+// Dequantize one k-block (the lane's 4 words of rows g and g+8) and run its 8 mma per token
+// tile. acc0 takes the first mma of each word, acc1 the second: two independent dependency chains
+// through the tensor core per tile (the same chains for every token, whatever M: a token's result
+// does not depend on the batch around it). s: fp16 scale of row g (low half) and g+8 (high half);
+// z: zero of row g (bits 0..3) and g+8 (bits 4..7).
+template <int NB>
 __device__ __forceinline__ void compute_one(const uint4& lo, const uint4& hi, uint32_t s, uint32_t z,
-                                            const uint4 (&xv)[4], float (&acc0)[4],
-                                            float (&acc1)[4]) {
+                                            const uint4 (&xv)[NB][4], float (&acc0)[NB][4],
+                                            float (&acc1)[NB][4]) {
   const ZeroF16x8 zlo = row_zero(z & 0xF);
   const ZeroF16x8 zhi = row_zero(z >> 4);
   const uint32_t slo = (s & 0xFFFFu) * 0x10001u;  // (s_g, s_g)
@@ -197,14 +215,17 @@ __device__ __forceinline__ void compute_one(const uint4& lo, const uint4& hi, ui
       dl[i] = mul_f16x2(dl[i], slo);  // (q - z) * s rounded once: the reference's fp16 weight
       dh[i] = mul_f16x2(dh[i], shi);
     }
-    mma_16816(acc0, dl[0], dh[0], dl[1], dh[1], xv[j].x, xv[j].y);
-    mma_16816(acc1, dl[2], dh[2], dl[3], dh[3], xv[j].z, xv[j].w);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      mma_16816(acc0[b], dl[0], dh[0], dl[1], dh[1], xv[b][j].x, xv[b][j].y);
+      mma_16816(acc1[b], dl[2], dh[2], dl[3], dh[3], xv[b][j].z, xv[b][j].w);
+    }
   }
 }
 
-template <int U>
-__device__ __forceinline__ void compute_blocks(const Block (&b)[U], const uint4 (&xv)[U][4], int kb0,
-                                               const Lane& l, float (&acc0)[4], float (&acc1)[4]) {
+template <int U, int NB>
+__device__ __forceinline__ void compute_blocks(const Block (&b)[U], const uint4 (&xv)[U][NB][4], int kb0,
+                                               const Lane<NB>& l, float (&acc0)[NB][4], float (&acc1)[NB][4]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kb0 + u >= l.kb_end) break;  // warp-uniform
@@ -212,8 +233,9 @@ __device__ __forceinline__ void compute_blocks(const Block (&b)[U], const uint4 
   }
 }
 
-__device__ __forceinline__ Lane make_lane(const Args& a, int lane, int warp) {
-  Lane l;
+template <int NB>
+__device__ __forceinline__ Lane<NB> make_lane(const Args& a, int lane, int warp) {
+  Lane<NB> l;
   l.g = lane >> 2;
   l.t = lane & 3;
   l.tile = blockIdx.x;
@@ -222,11 +244,14 @@ __device__ __forceinline__ Lane make_lane(const Args& a, int lane, int warp) {
   l.words_n = a.N >> 3;
   // nibble of qzeros word n/8 that holds row n: AWQ_REVERSE_ORDER[n % 8] = (j >> 1) + 4 (j & 1)
   l.zshift = 4 * ((l.g >> 1) + 4 * (l.g & 1));
-  l.has_x = l.g < a.M;
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    l.has_x[b] = l.g + 8 * b < a.M;
+    l.xrow[b] = reinterpret_cast<const uint4*>(a.x + (size_t)(l.has_x[b] ? l.g + 8 * b : 0) * a.K);
+  }
   // qweight tiles (2*tile, kb) and (2*tile + 1, kb), 32 uint4 each; the lane's uint4 is `lane`
   l.wlo = a.qweight + (size_t)(2 * l.tile) * a.kblocks * 32 + lane;
   l.whi = l.wlo + (size_t)a.kblocks * 32;
-  l.xrow = reinterpret_cast<const uint4*>(a.x + (size_t)(l.has_x ? l.g : 0) * a.K);
   l.policy = evict_first_policy();
   l.kb_end = min((warp + 1) * a.kb_per_warp, a.kblocks);
   return l;
@@ -234,22 +259,26 @@ __device__ __forceinline__ Lane make_lane(const Args& a, int lane, int warp) {
 
 // Sum the block's per-warp 16x8 partial tiles in warp order (deterministic), add the bias in
 // fp32, round once to fp16 and store the valid (m < M, n < N) outputs.
-// acc: [0] (row g, col 2t), [1] (row g, col 2t+1), [2] (row g+8, col 2t), [3] (row g+8, col 2t+1)
-__device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int lane, int warp,
-                                             const float (&acc0)[4], const float (&acc1)[4],
-                                             float (*partial)[4][32]) {
+// acc[b]: [0] (row g, token 8b+2t), [1] (row g, 8b+2t+1), [2] (row g+8, 8b+2t), [3] (row g+8, 8b+2t+1)
+template <int NB>
+__device__ __forceinline__ void reduce_store(const Args& a, const Lane<NB>& l, int lane, int warp,
+                                             const float (&acc0)[NB][4], const float (&acc1)[NB][4],
+                                             float (*partial)[NB][4][32]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc0[i] + acc1[i];
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][b][i][lane] = acc0[b][i] + acc1[b][i];
   __syncthreads();
   const int warps = blockDim.x >> 5;
-  for (int o = threadIdx.x; o < 128; o += blockDim.x) {
+  for (int o = threadIdx.x; o < 128 * NB; o += blockDim.x) {
     const int ln = o & 31;
-    const int i = o >> 5;
+    const int i = (o >> 5) & 3;
+    const int b = o >> 7;
     const int n = l.tile * 16 + (ln >> 2) + 8 * (i >> 1);
-    const int m = 2 * (ln & 3) + (i & 1);
+    const int m = 8 * b + 2 * (ln & 3) + (i & 1);
     if (m >= a.M || n >= a.N) continue;
     float sum = 0.f;
-    for (int w = 0; w < warps; ++w) sum += partial[w][i][ln];
+    for (int w = 0; w < warps; ++w) sum += partial[w][b][i][ln];
     if (a.bias != nullptr) sum += __half2float(a.bias[n]);
     a.y[(size_t)m * a.N + n] = __float2half_rn(sum);
   }
@@ -257,12 +286,13 @@ __device__ __forceinline__ void reduce_store(const Args& a, const Lane& l, int l
 
 // The end of every kernel's warp: the k-blocks its main loop left (a partial k-block past K, or
 // a remainder below the loop's step) through the checked path, then the block's reduction.
-__device__ __forceinline__ void finish_warp(const Args& a, const Lane& l, int lane, int warp, int kb,
-                                            float (&acc0)[4], float (&acc1)[4],
-                                            float (*partial)[4][32]) {
+template <int NB>
+__device__ __forceinline__ void finish_warp(const Args& a, const Lane<NB>& l, int lane, int warp, int kb,
+                                            float (&acc0)[NB][4], float (&acc1)[NB][4],
+                                            float (*partial)[NB][4][32]) {
   for (; kb < l.kb_end; ++kb) {  // checked tail
     Block b[1];
-    uint4 xv[1][4];
+    uint4 xv[1][NB][4];
     load_blocks<1>(b, kb, a, l);
     load_x<1>(xv, kb, a, l);
     compute_blocks<1>(b, xv, kb, l, acc0, acc1);
@@ -280,21 +310,24 @@ __device__ __forceinline__ void finish_warp(const Args& a, const Lane& l, int la
 // tile (N % 16 == 8) re-reads its rows g as rows g+8: both only feed outputs (m >= M, n >= N) that
 // are never stored, and the mma keeps columns and rows independent, so the stored outputs are
 // unchanged. This drops the per-iteration zeroing of the skipped registers. 64 registers
-// (__launch_bounds__ with 2 blocks per SM) let two 16-warp blocks share an SM.
-__global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_w4a16_lean_kernel(const Args a) {
+// (__launch_bounds__ with 2 blocks per SM) let two 16-warp blocks share an SM at one token tile;
+// more tiles take up to 128.
+template <int NB>
+__global__ void __launch_bounds__(max_warps(NB) * 32, NB == 1 ? 2 : 1) gemv_w4a16_lean_kernel(const Args a) {
   extern __shared__ __align__(128) uint8_t dsmem[];
-  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
+  auto partial = reinterpret_cast<float (*)[NB][4][32]>(dsmem);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const Lane l = make_lane(a, lane, warp);
+  const Lane<NB> l = make_lane<NB>(a, lane, warp);
   int kb = warp * a.kb_per_warp;
   const int kb_main_end = min(l.kb_end, a.K >> 7);  // k-blocks with all 128 k < K
-  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
-  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc0[NB][4] = {}, acc1[NB][4] = {};
 
   const uint4* pw = l.wlo + (size_t)kb * 32;
   const size_t hi_off = l.has_hi ? (size_t)a.kblocks * 32 : 0;
-  const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
+  const uint4* px[NB];
+#pragma unroll
+  for (int b = 0; b < NB; ++b) px[b] = l.xrow[b] + (size_t)kb * 16 + 4 * l.t;
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(a.scales) + l.row_lo;
   const uint32_t* zp = a.qzeros + 2 * l.tile;
   const int s_hi = l.has_hi ? 8 : 0;  // element offset of row g+8's scale
@@ -308,7 +341,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_w4a16_lean_kernel(cons
   pdl_launch_dependents();
   pdl_wait();
   for (; kb < kb_main_end; ++kb) {
-    uint4 xv[4];
+    uint4 xv[NB][4];
     const uint4 lo = load_weight(pw, l.policy);
     const uint4 hi = load_weight(pw + hi_off, l.policy);
     const int grp = group_of_run(4u * kb + l.t, a);
@@ -319,10 +352,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_w4a16_lean_kernel(cons
     sc |= (uint32_t)__ldg(srow + s_hi) << 16;
     z |= ((__ldg(zrow + z_hi) >> l.zshift) & 0xF) << 4;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xv[j] = __ldg(px + j);
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) xv[b][j] = __ldg(px[b] + j);
+      px[b] += 16;
+    }
     pw += 32;
-    px += 16;
-    compute_one(lo, hi, sc, z, xv, acc0, acc1);
+    compute_one<NB>(lo, hi, sc, z, xv, acc0, acc1);
   }
   finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
 }
@@ -380,22 +416,25 @@ __device__ __forceinline__ void gemv_trace(int slot) {
 #endif
 
 // Up to 128 registers: one 16-warp block or several smaller ones per SM.
-template <int D, bool kG128>
-__global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
+template <int D, bool kG128, int NB>
+__global__ void __launch_bounds__(max_warps(NB) * 32, 1) gemv_w4a16_pipe_kernel(const Args a) {
   W4_GEMV_STAMP(0);
   extern __shared__ __align__(128) uint8_t dsmem[];
-  auto partial = reinterpret_cast<float (*)[4][32]>(dsmem);
+  auto partial = reinterpret_cast<float (*)[NB][4][32]>(dsmem);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const Lane l = make_lane(a, lane, warp);
+  const Lane<NB> l = make_lane<NB>(a, lane, warp);
   int kb = warp * a.kb_per_warp;
   const int kb_main_end = min(l.kb_end, a.K >> 7);
-  float acc0[4] = {0.f, 0.f, 0.f, 0.f};
-  float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc0[NB][4] = {}, acc1[NB][4] = {};
 
   const uint4* pw = l.wlo + (size_t)kb * 32;
   const int hi_off = l.has_hi ? a.kblocks * 32 : 0;  // a half-empty last tile re-reads rows g
-  const uint4* px = l.xrow + (size_t)kb * 16 + 4 * l.t;
+  // the activations of token tile b: x row g + 8 b, 16 uint4 (128 k) a k-block apart
+  const uint4* px = l.xrow[0] + (size_t)kb * 16 + 4 * l.t;
+  int x_tile[NB];  // < 32 rows of K < 2^21 halves: 2^23 uint4
+#pragma unroll
+  for (int b = 0; b < NB; ++b) x_tile[b] = (int)(l.xrow[b] - l.xrow[0]);
   const int kbpg = a.kb_per_group;
   const int grp = kb / kbpg;
   int left = kbpg - (kb - grp * kbpg);  // k-blocks left in the current group
@@ -425,34 +464,40 @@ __global__ void __launch_bounds__(512, 1) gemv_w4a16_pipe_kernel(const Args a) {
   // soon as its registers are free, before the next slot's work (one AND and one add per k-block
   // buy 1.3-2.6% at M = 1 on the H100 and the H200: dev/LOG.md, GEMV).
   uint32_t order = 0;
-  auto compute = [&](const Stage& st, float (&acc)[4]) {
+  auto compute = [&](const Stage& st, float (&acc)[NB][4]) {
     const int zshift = l.zshift + (int)order;
     const ZeroF16x8 zlo = row_zero((st.z0 >> zshift) & 0xF);
     const ZeroF16x8 zhi = row_zero((st.z1 >> zshift) & 0xF);
     const uint32_t wl[4] = {st.lo.x, st.lo.y, st.lo.z, st.lo.w};
     const uint32_t wh[4] = {st.hi.x, st.hi.y, st.hi.z, st.hi.w};
-    // two mma chains (even and odd words): a k-block's 8 dependent mma become two chains of 4,
-    // which halves the warp's wait on the tensor core (-1..-7% at M = 8, M = 1 unchanged)
-    float te[4] = {0.f, 0.f, 0.f, 0.f};
-    float to[4] = {0.f, 0.f, 0.f, 0.f};
+    // two mma chains per token tile (even and odd words): a k-block's 8 dependent mma become two
+    // chains of 4, which halves the warp's wait on the tensor core (-1..-7% at M = 8, M = 1
+    // unchanged); the same chains for every tile, so a token's bits do not depend on M
+    float te[NB][4] = {}, to[NB][4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint4 xv = __ldg(px + j);
       uint32_t dl[4], dh[4];
       u4x8_minus_zero_f16x8(wl[j], zlo, dl);
       u4x8_minus_zero_f16x8(wh[j], zhi, dh);
-      float (&t)[4] = j % 2 ? to : te;
-      mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv.x, xv.y);
-      mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv.z, xv.w);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const uint4 xv = __ldg(px + x_tile[b] + j);
+        float (&t)[4] = j % 2 ? to[b] : te[b];
+        mma_16816(t, dl[0], dh[0], dl[1], dh[1], xv.x, xv.y);
+        mma_16816(t, dl[2], dh[2], dl[3], dh[3], xv.z, xv.w);
+      }
     }
     px += 16;
     const float slo = __half2float(__ushort_as_half((unsigned short)st.s0));
     const float shi = __half2float(__ushort_as_half((unsigned short)st.s1));
-    acc[0] = fmaf(slo, te[0] + to[0], acc[0]);
-    acc[1] = fmaf(slo, te[1] + to[1], acc[1]);
-    acc[2] = fmaf(shi, te[2] + to[2], acc[2]);
-    acc[3] = fmaf(shi, te[3] + to[3], acc[3]);
-    order = __float_as_uint(acc[3]) & a.order_mask;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      acc[b][0] = fmaf(slo, te[b][0] + to[b][0], acc[b][0]);
+      acc[b][1] = fmaf(slo, te[b][1] + to[b][1], acc[b][1]);
+      acc[b][2] = fmaf(shi, te[b][2] + to[b][2], acc[b][2]);
+      acc[b][3] = fmaf(shi, te[b][3] + to[b][3], acc[b][3]);
+    }
+    order = __float_as_uint(acc[0][3]) & a.order_mask;
   };
 
   // D stages in a ring with compile-time slots: slot d is computed, then immediately refilled
@@ -489,19 +534,25 @@ using KernelFn = void (*)(const Args);
 
 // Warps per 16-row tile: the largest power of two (<= 16, <= k-blocks) such that all blocks are
 // resident at once (one wave), from the occupancy of this kernel at that block size.
-int auto_warps(KernelFn fn, int tiles, int kblocks) {
+int auto_warps(KernelFn fn, int tiles, int kblocks, int smem_per_warp, int most) {
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   int best = 1;
-  for (int w = 1; w <= kMaxWarps && w <= kblocks; w *= 2) {
+  for (int w = 1; w <= most && w <= kblocks; w *= 2) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, w * 32, w * kSmemPerWarp) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, w * 32, w * smem_per_warp) !=
         cudaSuccess)
       break;
     if ((int64_t)tiles <= (int64_t)per_sm * sms) best = w;
   }
   return best;
+}
+
+// The kernel for this layer and token tiles (NB = 1, 2 or 4).
+template <int NB>
+KernelFn pick_kernel(bool post, bool g128) {
+  return !post ? gemv_w4a16_lean_kernel<NB> : g128 ? gemv_w4a16_pipe_kernel<2, true, NB> : gemv_w4a16_pipe_kernel<2, false, NB>;
 }
 
 }  // namespace
@@ -527,10 +578,13 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   // skipped weight rounding (at most 2^-11 sum |x||w|) stays within half of the tolerance's K term
   // (4 K 2^-24 sum |x||w|, w4cli/gpu/checks.py); smaller layers take the per-weight path
   const bool post = (groups == 1 || G % 128 == 0) && K >= 4096;
-  const KernelFn fn = !post                       ? gemv_w4a16_lean_kernel
-                      : (G == 128 && groups > 1) ? gemv_w4a16_pipe_kernel<2, true>
-                                                 : gemv_w4a16_pipe_kernel<2, false>;
-  int warps = splits > 0 ? splits : auto_warps(fn, tiles, kblocks);
+  // token tiles of 8: the conversion of each weight is shared by every tile
+  const int nb = M <= 8 ? 1 : M <= 16 ? 2 : 4;
+  const bool g128 = G == 128 && groups > 1;
+  const KernelFn fn = nb == 1 ? pick_kernel<1>(post, g128) : nb == 2 ? pick_kernel<2>(post, g128) : pick_kernel<4>(post, g128);
+  const int smem_per_warp = nb * kSmemPerTile;
+  const int most = nb == 1 ? max_warps(1) : nb == 2 ? max_warps(2) : max_warps(4);
+  int warps = splits > 0 ? min(splits, most) : auto_warps(fn, tiles, kblocks, smem_per_warp, most);
   warps = warps > kblocks ? kblocks : warps;
   const int kb_per_warp = (kblocks + warps - 1) / warps;
   warps = (kblocks + kb_per_warp - 1) / kb_per_warp;  // no idle warps
@@ -555,7 +609,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(tiles);
   config.blockDim = dim3(warps * 32);
-  config.dynamicSmemBytes = (size_t)warps * kSmemPerWarp;
+  config.dynamicSmemBytes = (size_t)warps * smem_per_warp;
   config.stream = stream;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -134,7 +134,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 // Their checked wrappers above register_gemv, and their m.def(...) inside it.
 namespace {
 
-constexpr int64_t kGemvMaxM = 8;
+constexpr int64_t kGemvMaxM = 32;
 
 void gemv_check_aligned16(const at::Tensor& t, const char* name) {
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, msg("gemv: ", name,
@@ -212,7 +212,7 @@ LayerShape check_operands(const at::Tensor& x, const at::Tensor& qweight, const 
   return shape;
 }
 
-// x [M, K] fp16, M <= 8; the layer; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic;
+// x [M, K] fp16, M <= 32; the layer; bias [N] fp16 or None -> y [M, N] fp16. splits: 0 = automatic;
 // pdl: programmatic dependent launch (w4_kernels.h).
 at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                         const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
@@ -290,7 +290,7 @@ at::Tensor dequantize_w4_gemv_impl(const at::Tensor& qweight, const at::Tensor& 
 
 void register_gemv(py::module_& m) {
   m.def("gemv_w4", &gemv_w4_impl,
-        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 8, fp16, fp32 sums",
+        "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, M <= 32, fp16, fp32 sums",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("pdl") = false);
   m.def("gemm_w4_batch", &gemm_w4_batch_impl,

@@ -26,7 +26,7 @@ cudaError_t launch_dequant_awq(const int32_t* qweight, const int32_t* qzeros, co
 // kernels/gemv_w4a16.cu: y[M, N] = x[M, K] W^T (+ bias), fp16 in/out, fp32 accumulation.
 // x [M, K] fp16 (16-byte aligned); qweight [N/8, ceil(K/128), 8, 16] int32 (w4-gemv layout,
 // 16-byte aligned); qzeros [K/G, N/8] int32 and scales [K/G, N] fp16 (AWQ gemm layout);
-// bias [N] fp16 or nullptr; y [M, N] fp16. Requires 1 <= M <= 8, K % 8 == 0, N % 8 == 0,
+// bias [N] fp16 or nullptr; y [M, N] fp16. Requires 1 <= M <= 32, K % 8 == 0, N % 8 == 0,
 // K % G == 0, G % 32 == 0 or G == K, K < 2^21. `splits` = warps per 16-row tile (split-K),
 // 0 = automatic (1..16, from the occupancy API); the tests and dev/ fix it to cover every split.
 // `pdl`: launch with programmatic dependent launch (tensor_core.cuh, pdl_wait), so that the kernel

@@ -1,7 +1,7 @@
 """The W4A16 GEMV kernel (kernels/gemv_w4a16.cu via w4cli.gpu.kernels.gemv) against the pure-torch
 reference (w4cli.formats.w4_gemv.gemv_reference): exact bits where the arithmetic is exact,
-a justified bound elsewhere, every M from 1 to 8 (larger M: test_batch_gpu.py), tile tails, determinism,
-and the binding's error messages.
+a justified bound elsewhere, every M from 1 to 8 and token tiles up to 32 rows (the batch kernels:
+test_batch_gpu.py), tile tails, determinism, and the binding's error messages.
 
 Run: pytest -m gpu tests/test_gemv_gpu.py   (builds the kernels on first use, about a minute)
 """
@@ -131,6 +131,38 @@ def test_exact_both_kernels(kernels, k, n, m, g):
         assert_exact(kernels._gemv_splits(x, **layer, splits=splits), ref)
 
 
+# Two and four token tiles (M = 9..32 in one launch): every M past a tile edge, odd shapes and
+# tails on both kernels (the pipelined one from K = 4096 with G % 128 == 0), every split.
+TILE_M = [9, 15, 16, 17, 24, 31, 32]
+
+
+@pytest.mark.parametrize("m", TILE_M)
+@pytest.mark.parametrize("k,n,g", [(1152, 136, 128), (4104, 8, 4104), (2304, 24, 64), (4224, 264, 128),
+                                   (8192, 1032, 256), (4160, 40, 4160)])
+def test_exact_token_tiles(kernels, k, n, g, m):
+    layer = make_layer(k, n, g, seed=k + m, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    bias = (torch.randint(-64, 64, (n,), device=DEV) * 2.0**-6).half()
+    ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
+    for splits in (0, 1, 3, 8, 16):
+        out = kernels._gemv_splits(x, **layer, bias=bias, splits=splits)
+        assert out.shape == (m, n)
+        assert_exact(out, ref)
+
+
+@pytest.mark.parametrize("k,g", [(4096, 128), (2304, 64)])
+def test_token_tiles_give_each_token_the_bits_it_gets_alone(kernels, k, g):
+    # the same mma chains for every tile: at the same split, a token's result does not depend on
+    # the rows beside it (random data, so any mixing of tokens or tiles shows)
+    n = 1032
+    layer = make_layer(k, n, g, seed=3, exact=False)
+    x = activations(32, k, seed=3, exact=False)
+    alone = torch.cat([kernels._gemv_splits(x[i : i + 8].contiguous(), **layer, splits=4) for i in range(0, 32, 8)])
+    for m in (9, 16, 17, 32):
+        assert torch.equal(bits(kernels._gemv_splits(x[:m].contiguous(), **layer, splits=4)), bits(alone[:m]))
+    assert_close(alone, x, layer)
+
+
 # real layer shapes (K x N), group 128
 REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
 
@@ -217,7 +249,7 @@ def binding_args(m=1, k=256, n=32, g=64):
         (lambda a: a[:2] + (a[2][:, :2].contiguous(), a[3]), "qzeros must be"),
         (lambda a: a[:3] + (a[3].float(),), "scales must be float16"),
         (lambda a: a[:3] + (a[3][:, :16].contiguous(),), "scales must be"),
-        (lambda a: (torch.zeros(9, 256, dtype=torch.float16, device=DEV),) + a[1:], "at most 8"),
+        (lambda a: (torch.zeros(33, 256, dtype=torch.float16, device=DEV),) + a[1:], "at most 32"),
     ],
 )
 def test_binding_messages(kernels, mutate, match):

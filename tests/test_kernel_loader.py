@@ -215,23 +215,28 @@ def test_module_reimports_cleanly():
 
 def test_gemv_paths_by_batch_size_and_shape():
     from w4cli.gpu import kernels
-    from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, TINY_LAYER_DEQUANT_M,
+    from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, GEMV_TILE_M, TINY_LAYER_DEQUANT_M,
                                     WGMMA_MAX_M, WGMMA_MIN_M, WS_MIN_M, WS_PATH_MAX_M,
                                     WS_TILE_M)
 
     big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
     for wgmma in (False, True):
-        assert kernels.gemv_path(GEMV_MAX_M, *big, wgmma=wgmma) == "gemv"
-        assert kernels.gemv_path(GEMV_MAX_M + 1, *big, wgmma=wgmma) == "batch"
-        assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=wgmma) == "gemv x2"
+        assert kernels.gemv_path(GEMV_TILE_M, *big, wgmma=wgmma) == "gemv"
+        assert kernels.gemv_path(GEMV_TILE_M + 1, *big, wgmma=wgmma) == "batch"
+        for m in (GEMV_TILE_M + 1, GEMV_MAX_M):  # latency-bound layers: the GEMV's token tiles
+            assert kernels.gemv_path(m, *small, wgmma=wgmma) == "gemv"
+            assert kernels.gemv_path(m, *medium, wgmma=wgmma) == "gemv"
+        assert kernels.gemv_path(2 * GEMV_TILE_M, 4096, 6144, wgmma=wgmma) == "gemv"
+        assert kernels.gemv_path(2 * GEMV_TILE_M + 1, 4096, 6144, wgmma=wgmma) == ("wgmma" if wgmma else "batch")
         assert kernels.gemv_path(WGMMA_MIN_M - 1, *big, wgmma=wgmma) == "batch"
-    assert kernels.gemv_path(2 * GEMV_MAX_M + 1, *small, wgmma=False) == "batch"
+    assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=False) == "batch"
     assert kernels.gemv_path(BATCH_MAX_M, *big, wgmma=False) == "batch"
     assert kernels.gemv_path(BATCH_MAX_M + 1, *big, wgmma=False) == "batch x2"
     assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big, wgmma=False) == "dequant+cuBLAS"
     assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big) == "dequant+cuBLAS"
-    assert kernels.gemv_path(WGMMA_MIN_M, *small, wgmma=True) == "wgmma"
+    assert kernels.gemv_path(WGMMA_MIN_M, 4096, 6144, wgmma=True) == "wgmma"
+    assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=True) == "wgmma"
     assert kernels.gemv_path(WGMMA_MAX_M, *big, wgmma=True) == "wgmma"
     assert kernels.gemv_path(WS_MIN_M - 1, *big, wgmma=True) == "wgmma"
     wide, mid = (4096, 14336), (4096, 6144)

@@ -8,7 +8,7 @@ K = in_features, N = out_features, G = group size, M = rows of activations.
     dequantize    scales float16 or bfloat16; writes float16, bfloat16 or float32
     GEMV          K % 8 == 0 (activation rows stay 16-byte aligned); G % 32 == 0 (a 32-k run of the
                   kernel never straddles two groups) or G == K; x, scales, bias and y float16;
-                  M <= 8 per GEMV launch (one mma n8 tile), M <= 64 per mma.sync batch-kernel
+                  M <= 32 per GEMV launch (four mma n8 tiles), M <= 64 per mma.sync batch-kernel
                   launch, M <= 128 per wgmma batch-kernel launch, M <= 65536 per warp-specialised
                   wgmma launch (both compute capability 9.0 only); w4cli.gpu.kernels.gemv picks the
                   kernel by M (gemv_path)
@@ -20,9 +20,14 @@ torch names them (`getattr(torch, name)` is the dtype).
 from __future__ import annotations
 
 PACK = 8  # int4 codes per int32 word
-GEMV_MAX_M = 8  # rows of x per GEMV launch
+GEMV_TILE_M = 8  # rows of x per token tile of the GEMV (mma n8): at most one tile, the GEMV everywhere
+GEMV_MAX_M = 32  # rows of x per GEMV launch (four token tiles share each weight's conversion)
 BATCH_MAX_M = 64  # rows of x per mma.sync batch-kernel launch
-SMALL_LAYER = 4096 * 4096  # weights; at most this, M = 9..16 runs the GEMV twice (latency-bound layers)
+# Past one token tile the GEMV (one read of the weight, no staging) beats the batch kernels on
+# latency-bound layers (H100, docs/performance.md): up to two tiles on layers of at most
+# GEMV_MEDIUM_LAYER weights, up to GEMV_MAX_M rows on layers of at most SMALL_LAYER
+GEMV_MEDIUM_LAYER = 4096 * 6144
+SMALL_LAYER = 4096 * 4096
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
 # Hopper (compute capability 9.0): the wgmma batch kernel from this M (below it the mma.sync one
@@ -44,15 +49,16 @@ WS_WIDE_LAYER = 4096 * 14336
 # kernels: from TINY_LAYER_DEQUANT_M rows, dequantize + cuBLAS is faster there
 TINY_LAYER = 8192 * 1024
 TINY_LAYER_DEQUANT_M = 64
-# the batch sizes `w4 verify` runs: every M of the GEMV, then one per path beyond it (batch,
-# wgmma, batch x2 or wgmma ws, dequantize + cuBLAS or a second tile of tokens)
-CHECKED_BATCHES = (*range(1, GEMV_MAX_M + 1), 16, BATCH_MAX_M, BATCH_MAX_M + 1, WGMMA_MAX_M, WGMMA_MAX_M + 1,
-                   WS_TILE_M + 1)
+# the batch sizes `w4 verify` runs: every M of one GEMV token tile, then one per path beyond it (batch,
+# wgmma, batch x2 or wgmma ws, dequantize + cuBLAS or a second tile of tokens; 16 and 32 the GEMV's token
+# tiles on small layers)
+CHECKED_BATCHES = (*range(1, GEMV_TILE_M + 1), 2 * GEMV_TILE_M, GEMV_MAX_M, BATCH_MAX_M, BATCH_MAX_M + 1, WGMMA_MAX_M,
+                   WGMMA_MAX_M + 1, WS_TILE_M + 1)
 
 
 def checked_batches_text() -> str:
-    """CHECKED_BATCHES as a report names them: "1..8, 16, 64, 65, 128, 129, 257"."""
-    return ", ".join([f"1..{GEMV_MAX_M}", *(str(m) for m in CHECKED_BATCHES[GEMV_MAX_M:])])
+    """CHECKED_BATCHES as a report names them: "1..8, 16, 32, 64, 65, 128, 129, 257"."""
+    return ", ".join([f"1..{GEMV_TILE_M}", *(str(m) for m in CHECKED_BATCHES[GEMV_TILE_M:])])
 GEMV_GROUP = 32  # the GEMV's group size is a multiple of this, or the whole row
 
 # the dequantize kernel's output dtypes, with the short names --dtype also takes and reports print

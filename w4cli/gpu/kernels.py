@@ -43,6 +43,8 @@ from w4cli.gpu.contract import (
     BATCH_CHUNKED_MAX_M,
     BATCH_MAX_M,
     GEMV_MAX_M,
+    GEMV_MEDIUM_LAYER,
+    GEMV_TILE_M,
     OUT_DTYPES,
     SMALL_LAYER,
     TINY_LAYER,
@@ -309,10 +311,10 @@ def has_wgmma() -> bool:
 
 def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     """The kernel `gemv` runs for M rows of activations on a K x N layer, in words (what `w4 gemv`
-    prints): "gemv" (M <= 8: the GEMV, one launch), "gemv x2" (M <= 16 on a layer of at most
-    SMALL_LAYER weights, where the batch kernel's fixed latency costs more than a second read of
-    the weight), "batch" (the mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16
-    where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
+    prints): "gemv" (the GEMV, one launch: M <= 8, and past that on latency-bound layers, where
+    the batch kernels' staging costs more than it saves: M <= 16 on layers of at most
+    GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most SMALL_LAYER), "batch" (the
+    mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
     capability 9.0, where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows on layers of at
     least WS_WIDE_LAYER weights, up to WS_TILE_M on layers over SMALL_LAYER), "batch xC" (C
@@ -323,10 +325,8 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     on the H100 (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
-    if m <= GEMV_MAX_M:
+    if m <= GEMV_TILE_M or (m <= 2 * GEMV_TILE_M and k * n <= GEMV_MEDIUM_LAYER) or (m <= GEMV_MAX_M and k * n <= SMALL_LAYER):
         return "gemv"
-    if m <= 2 * GEMV_MAX_M and k * n <= SMALL_LAYER:
-        return "gemv x2"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
     if wgmma and m >= WS_MIN_M:
@@ -361,7 +361,7 @@ def gemv(
         meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
-        pdl: launch the GEMV (M <= 16) with programmatic dependent launch: it starts fetching its
+        pdl: launch the GEMV (its path, `gemv_path`) with programmatic dependent launch: it starts fetching its
             weights while the previous kernel in the stream finishes (Hopper; the same bits).
     The kernel is chosen by M (`gemv_path`). Every path matches w4_gemv.gemv_reference(x, ...)
     within w4cli.gpu.checks' bound, and the two fused kernels give it bit for bit on exact data (the
@@ -377,9 +377,6 @@ def gemv(
     path = gemv_path(x.shape[0], x.shape[1], scales.shape[-1]) if x.dim() == 2 else "gemv"  # the binding refuses other shapes
     if path == "gemv":
         return mod.gemv_w4(x, qweight, qzeros, scales, bias, 0, pdl)
-    if path.startswith("gemv"):
-        return torch.cat([mod.gemv_w4(x[i : i + GEMV_MAX_M].contiguous(), qweight, qzeros, scales, bias, 0, pdl)
-                          for i in range(0, x.shape[0], GEMV_MAX_M)], dim=0)
     if path.startswith(("batch", "wgmma")):
         if scales.data_ptr() % 16:
             scales = scales.clone()  # the batch kernels copy scales 16 bytes at a time
@@ -400,7 +397,7 @@ def dequantize_w4_gemv(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torc
 
 
 def _gemv_splits(x: torch.Tensor, *, splits: int, **layer: torch.Tensor | None) -> torch.Tensor:
-    """The GEMV kernel alone (M <= 8) with the warps per 16-row tile (split-K) fixed to `splits`
+    """The GEMV kernel alone (M <= 32) with the warps per 16-row tile (split-K) fixed to `splits`
     (1..16; 0 = chosen from the occupancy, as `gemv` does). Not for users: the automatic choice
     depends on the GPU, so the tests fix it to cover every split's reduction, and dev/bench_gemv.py
     sweeps it."""

@@ -5,7 +5,7 @@ Not a quantized checkpoint w4 reads at all (no quantization_config, GPTQ, 8-bit.
 (exit 4). Everything else becomes rows: files and index, tensors and shapes, scales, plain
 tensors, nibbles, and on a GPU every layer through the dequantize kernel (bit-exact with the CPU
 reference) and the GEMV kernel (repacked in memory for other layouts; inside w4cli/gpu/checks.py's
-bound at M = 1..8). Layers with no AWQ form (a permuting g_idx) are named, not run, on the GPU. Tensors are read one layer at a time.
+bound at every M of contract.CHECKED_BATCHES). Layers with no AWQ form (a permuting g_idx) are named, not run, on the GPU. Tensors are read one layer at a time.
 """
 
 from __future__ import annotations

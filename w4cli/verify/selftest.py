@@ -12,7 +12,7 @@ Per shape (K = in_features, N = out_features, G = group size), with words drawn 
     gpu dequantize   kernels.dequantize_awq vs the CPU reference, every dtype and output layout,
                      from AWQ tensors and from w4-gemv tensors (to_awq on the GPU), raw bits
     gpu repack       repack_from_awq / to_awq on the GPU == on the CPU, word for word
-    gpu gemv exact   kernels.gemv, M = 1..8, 16, 64, 65, 129 (every kernel path), x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
+    gpu gemv exact   kernels.gemv, M = 1..8, 16, 32, 64, 65, 128, 129, 257 (every kernel path), x in {-1, 0, 1}, scales +-2^-6..2^-3, bias on a 2^-6
                      grid: every fp32 sum is exact, so out == fp32 reference rounded once, bit for bit
     gpu gemv random  kernels.gemv, the same M, normal x, real-checkpoint scales: inside the bound of
                      w4cli/gpu/checks.py against a float64 reference; two runs bit-identical
