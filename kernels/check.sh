@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kernels/check.sh: compile every kernels/*.cu with nvcc for sm_80, sm_90 and sm_90a (no GPU needed), report
-# registers and spills from ptxas (-Xptxas -v), and fail on any local-memory spill.
+# registers and spills from ptxas (-Xptxas -v), and fail on any local-memory spill or serialised wgmma.
 # The .cu files are torch-free, so no torch include paths are needed; ops.cpp is not compiled here
 # (the JIT build in w4cli/gpu/kernels.py compiles it). Usage: kernels/check.sh [arch ...]  (default 80 90 90a)
 # One line per file and arch (kernel count, most registers, spill bytes); V=1 lists every kernel
@@ -47,6 +47,8 @@ for cu in "$here"/*.cu; do
       echo "FAIL spills in $(basename "$cu") sm_$a:"; grep -B2 -E '[1-9][0-9]* bytes spill' "$log"; status=1
     fi
     if grep -Eiq 'warning' "$log"; then grep -i warning "$log"; fi
+    # ptxas serialises every wgmma of a kernel when other instructions touch their registers mid-flight
+    if grep -q 'C7513' "$log"; then echo "FAIL serialized wgmma in $(basename "$cu") sm_$a:"; grep 'C7513' "$log"; status=1; fi
   done
 done
 [ $status -eq 0 ] && echo "check.sh: all kernels compiled for sm_${archs[*]}, no spills"

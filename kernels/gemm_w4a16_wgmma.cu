@@ -109,10 +109,14 @@ struct WgStage : StageLayout<MT, NT> {
 // kDrain: wait for every wgmma before returning (the stage may be refilled after the next block
 // barrier); else the last word's wgmmas are left in flight across the stage boundary, and
 // `release`, when not 0, is the mbarrier this thread arrives on once the previous stage's wgmmas
-// are done (after the first word's wait), so the tensor cores never idle between stages.
+// are done (after the first word's wait), so the tensor cores never idle between stages, and
+// `release_a`, when not 0, the one it arrives on once words 0 and 1 are done (after the third
+// word's wait): the stage's weights, scales and zeros are in registers by then and its first x
+// atom read, so that part can be refilled half a k-block before the rest.
 template <typename S, int NT, bool kDrain = true, int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
-                                            int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0) {
+                                            int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0,
+                                            uint32_t release_a = 0) {
   const uint4* ws = reinterpret_cast<const uint4*>(st + S::kWOff);
   const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S::kSOff);
   const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + S::kZOff);
@@ -162,6 +166,7 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     wgmma_commit();
     wgmma_wait<1>();  // word j - 1's wgmmas are done: their A fragments' registers are free again
     if (!kDrain && j == 0 && release != 0) mbar_arrive(release);
+    if (!kDrain && j == 2 && release_a != 0) mbar_arrive(release_a);
   }
   if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
 }
@@ -264,40 +269,52 @@ constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
 static_assert(2 * kWsMmaRegs + kWsProducerRegs == 3 * (65536 / kWsThreads / 8 * 8), "the pool the block starts with");
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
-// The warp-specialised kernel's stages: up to 4 in the opt-in limit (3 at MT = 256).
+// The warp-specialised kernel's stages: as many as fit the opt-in limit, up to 8 (3 at MT = 256).
 template <int MT, int NT>
 struct WsStage : StageLayout<MT, NT> {
   using L = StageLayout<MT, NT>;
   static constexpr int kStages =
-      (kWsSmemLimit - 1024) / L::kStageBytes >= 4 ? 4 : (kWsSmemLimit - 1024) / L::kStageBytes;
+      (kWsSmemLimit - 1024) / L::kStageBytes >= 8 ? 8 : (kWsSmemLimit - 1024) / L::kStageBytes;
   static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
   static_assert(kStages >= 2, "a stage must fit twice in shared memory");
 };
 
 #if defined(W4_HAS_WGMMA)
-// The producer warp: per k-block, once the MMA warps have released the stage, lane 0 starts the
-// bulk copies of the x tile (one copy) and the block's 8-row weight tiles (512 B each, the w4-gemv
-// layout's unit), expecting their bytes on the stage's `full` barrier; every lane copies its scale
-// and zero chunks with cp.async and arrives when they land (33 arrivals a phase).
+// A stage is filled and freed in two parts, so that the first can be refilled half a k-block
+// before the second is read: part A, the x tile's first 64-k atom (read by words 0 and 1), the
+// weights, scales and zeros (in registers from the stage's start); part B, the second atom.
+// Barriers, kStages each: full_a, full_b (landed), empty_a, empty_b (every MMA thread done).
+struct WsBarriers {
+  uint32_t full_a, full_b, empty_a, empty_b;
+  __device__ WsBarriers(uint32_t base, int stages)
+      : full_a(base), full_b(base + 8 * stages), empty_a(base + 16 * stages), empty_b(base + 24 * stages) {}
+};
+
+// The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
+// starts the bulk copies of the x tile's first atom and of the block's 8-row weight tiles (512 B
+// each, the w4-gemv layout's unit), expecting their bytes on full_a, and every lane copies its
+// scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals a phase);
+// once part B is released, lane 0 copies the second atom, expecting it on full_b.
 template <typename S>
-__device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, uint32_t full0, uint32_t empty0,
-                                           int cb, int mt, int kb0, int nkb, int lane) {
+__device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, const WsBarriers& b, int cb, int mt,
+                                           int kb0, int nkb, int lane) {
+  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
   constexpr int kTiles8 = S::kRows / 8;
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
   const int tiles8 = min(kTiles8, (a.N >> 3) - cb * kTiles8);  // weight tiles inside N
   const char* wbase = reinterpret_cast<const char*>(a.qweight + (size_t)cb * kTiles8 * a.kblocks * 32);
   const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
-  const uint32_t bytes = S::kTokens * 256 + tiles8 * 512;
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
-    const uint32_t full = full0 + 8 * s;
-    if (i >= S::kStages) mbar_wait(empty0 + 8 * s, ((i / S::kStages) + 1) & 1);
+    const uint32_t full = b.full_a + 8 * s, parity = ((i / S::kStages) + 1) & 1;
+    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
     const uint32_t st = smem0 + s * S::kStageBytes;
     const int kb = kb0 + i;
+    const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
     if (lane == 0) {
-      mbar_arrive_expect_tx(full, bytes);
-      bulk_copy_g2s(st + S::kXOff, xbase + (size_t)kb * (S::kTokens * 256), S::kTokens * 256, full, xpolicy);
+      mbar_arrive_expect_tx(full, kAtom + tiles8 * 512);
+      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       for (int t = 0; t < tiles8; ++t)
         bulk_copy_g2s(st + S::kWOff + t * 512, wbase + ((size_t)t * a.kblocks + kb) * 512, 512, full, wpolicy);
     }
@@ -317,17 +334,24 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, u
       }
     }
     mbar_arrive_cp_async(full);
+    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+      bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);
+    }
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
-  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
-    mbar_wait(empty0 + 8 * (i % S::kStages), (i / S::kStages) & 1);
+  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i) {
+    mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
+  }
 }
 // The MMA warps: per k-block, wait for the stage to land, convert and multiply it (wgmma_stage),
-// and release the previous stage once its wgmmas are done; then the output.
+// releasing its part A once words 0 and 1 are done and the previous stage's part B once its
+// wgmmas are; then the output.
 template <typename S, int NT, int MT = S::kTokens>
-__device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, uint32_t full0,
-                                           uint32_t empty0, int cb, int split, int mt, int kb0, int nkb, int warp,
-                                           int lane) {
+__device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
+                                           int cb, int split, int mt, int kb0, int nkb, int warp, int lane) {
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
   float acc[NT][MT / 8][4];
 #pragma unroll
@@ -338,14 +362,15 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
       for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
-    mbar_wait(full0 + 8 * s, (i / S::kStages) & 1);
+    mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);
+    mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
     const int at = s * S::kStageBytes;
-    // every thread releases the stage it read (an arrive orders only its own thread's reads)
+    // every thread releases the parts it read (an arrive orders only its own thread's reads)
     wgmma_stage<S, NT, false>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc,
-                              i > 0 ? empty0 + 8 * ((i - 1) % S::kStages) : 0u);
+                              i > 0 ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u, b.empty_a + 8 * s);
   }
   wgmma_wait<0>();
-  if (nkb > 0) mbar_arrive(empty0 + 8 * ((nkb - 1) % S::kStages));
+  if (nkb > 0) mbar_arrive(b.empty_b + 8 * ((nkb - 1) % S::kStages));
   const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, m0 = mt * MT;
   if (a.splits == 1) {
     for_each_output(acc, row0, 64, lane, [&](float& v, int m, int n) {
@@ -377,11 +402,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
 #if defined(W4_HAS_WGMMA)
   using S = WsStage<MT, NT>;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bars[2 * S::kStages];  // full[s], then empty[s]
+  __shared__ __align__(8) uint64_t bars[4 * S::kStages];  // WsBarriers
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t smem0 = (raw + 1023) & ~1023u;
   const uint8_t* smem = smem_raw + (smem0 - raw);
-  const uint32_t full0 = smem_u32(bars), empty0 = full0 + 8 * S::kStages;
+  const WsBarriers b(smem_u32(bars), S::kStages);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int cb = blockIdx.x;
@@ -391,18 +416,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   const int nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
-      mbar_init(empty0 + 8 * s, kBatchThreads);
+      mbar_init(b.full_a + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
+      mbar_init(b.full_b + 8 * s, 1);       // its expect_tx
+      mbar_init(b.empty_a + 8 * s, kBatchThreads);
+      mbar_init(b.empty_b + 8 * s, kBatchThreads);
     }
     fence_mbar_init();
   }
   __syncthreads();
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kWsProducerRegs>();
-    if (warp == kBatchWarps) ws_produce<S>(a, smem0, full0, empty0, cb, mt, kb0, nkb, lane);
+    if (warp == kBatchWarps) ws_produce<S>(a, smem0, b, cb, mt, kb0, nkb, lane);
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
-    ws_consume<S, NT>(a, smem, smem0, full0, empty0, cb, split, mt, kb0, nkb, warp, lane);
+    ws_consume<S, NT>(a, smem, smem0, b, cb, split, mt, kb0, nkb, warp, lane);
   }
 #endif
 }
