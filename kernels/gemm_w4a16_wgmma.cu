@@ -1,5 +1,6 @@
 // gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout) on Hopper's
-// warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header),
+// warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header; the
+// path from M = 17 to 64),
 // and the warp-specialised kernel for any M (its own header, "the warp-specialised kernel" below).
 // gemm_w4a16_batch.cu is the same computation on mma.sync for sm_80+; on Hopper mma.sync issues
 // too slowly to keep up with HBM from M = 32 up.
@@ -45,8 +46,10 @@
 // Archs: sm_90a only (the kernels compile elsewhere to an empty body the launcher never runs).
 // Test: pytest -m gpu tests/test_batch_gpu.py.  Bench: w4 bench --batch 16,32,64,128.
 
+#include <cuda.h>  // CUtensorMap (the type only: the encoder comes from the runtime's driver entry point)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 
@@ -223,14 +226,18 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // Same numerics and k order as above. A block owns a tile of R = 128 NT rows of N and MT = 64, 128
 // or 256 tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1) and a range of k-blocks
 // (split-K as batch_common.cuh). Warps 0-7 are two MMA warpgroups (wgmma_stage, m64nMT, one per
-// m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-4 stages
-// through the bulk copy engine and cp.async on `full`/`empty` mbarriers (no block barrier in the
-// loop), while the MMA warps keep the last word's wgmmas in flight across stage boundaries.
+// m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-8 stages
+// (as many as fit) through the bulk copy engine (activations), the tensor copy engine (weights:
+// one box a stage, where 512-byte bulk copies per 8-row tile left the MMA warps waiting) and
+// cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
+// (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
+// flight across stage boundaries.
 // Launch shape: tile_x_kernel (x -> x_tiles [m_tiles, kblocks, MT x 256 B], the stages' swizzled
 // images), then grid (ceil(N / R), S, m_tiles), 384 threads, dynamic shared memory kStages x
 // (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB opt-in at MT = 256), 1 block/SM.
 // Constraints: as the cp.async kernel, with 1 <= M <= 65536 and x_tiles [m_tiles x MT, Kp] fp16
-// scratch; plan_gemm_w4a16_ws picks the variant and S (see its comments).
+// scratch; plan_gemm_w4a16_ws picks the variant and S (see its comments). The weights' tensor map
+// is encoded per launch (weight_tensor_map) and passed by value.
 //
 // Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
 // tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
@@ -291,19 +298,18 @@ struct WsBarriers {
 };
 
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
-// starts the bulk copies of the x tile's first atom and of the block's 8-row weight tiles (512 B
-// each, the w4-gemv layout's unit), expecting their bytes on full_a, and every lane copies its
+// starts the bulk copy of the x tile's first atom and one tensor copy of the block's 8-row weight
+// tiles at this k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one
+// box of `wmap`, rows past N zero-filled), expecting their bytes on full_a, and every lane copies its
 // scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals a phase);
 // once part B is released, lane 0 copies the second atom, expecting it on full_b.
 template <typename S>
-__device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, const WsBarriers& b, int cb, int mt,
-                                           int kb0, int nkb, int lane) {
+__device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
+                                           const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
   constexpr int kTiles8 = S::kRows / 8;
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
-  const int tiles8 = min(kTiles8, (a.N >> 3) - cb * kTiles8);  // weight tiles inside N
-  const char* wbase = reinterpret_cast<const char*>(a.qweight + (size_t)cb * kTiles8 * a.kblocks * 32);
   const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -313,10 +319,9 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, uint32_t smem0, c
     const int kb = kb0 + i;
     const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
     if (lane == 0) {
-      mbar_arrive_expect_tx(full, kAtom + tiles8 * 512);
+      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
       bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
-      for (int t = 0; t < tiles8; ++t)
-        bulk_copy_g2s(st + S::kWOff + t * 512, wbase + ((size_t)t * a.kblocks + kb) * 512, 512, full, wpolicy);
+      tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
     }
     // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
 #pragma unroll
@@ -396,9 +401,11 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
 }
 #endif
 
-// grid (ceil(N / R), S, m_tiles), kWsThreads threads, S::kSmem bytes of dynamic shared memory.
+// grid (ceil(N / R), S, m_tiles), kWsThreads threads, S::kSmem bytes of dynamic shared memory;
+// wmap: the weights' tensor map (weight_tensor_map).
 template <int MT, int NT>
-__global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a) {
+__global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
+                                                                      const __grid_constant__ CUtensorMap wmap) {
 #if defined(W4_HAS_WGMMA)
   using S = WsStage<MT, NT>;
   extern __shared__ uint8_t smem_raw[];
@@ -426,7 +433,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   __syncthreads();
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kWsProducerRegs>();
-    if (warp == kBatchWarps) ws_produce<S>(a, smem0, b, cb, mt, kb0, nkb, lane);
+    if (warp == kBatchWarps) ws_produce<S>(a, wmap, smem0, b, cb, mt, kb0, nkb, lane);
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
     ws_consume<S, NT>(a, smem, smem0, b, cb, split, mt, kb0, nkb, warp, lane);
@@ -465,7 +472,7 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 }
 
 struct WsVariant {
-  void (*fn)(const BatchArgs);
+  void (*fn)(const BatchArgs, const CUtensorMap);
   void (*tile_x)(const uint32_t*, uint4*, int, int, int, int64_t);
   int rows, smem, tokens;
 };
@@ -474,6 +481,31 @@ template <int MT, int NT>
 WsVariant ws_variant() {
   using S = WsStage<MT, NT>;
   return {gemm_w4a16_ws_kernel<MT, NT>, tile_x_kernel<S>, S::kRows, S::kSmem, S::kTokens};
+}
+
+// The w4-gemv qweight as the tensor copy engine sees it: int32 [N/8 tiles][kblocks][128] (a tile's
+// 512 B at one k-block innermost), in boxes of [tiles8][1][128]: one box is a block's weights at
+// one k-block, landing as tiles8 consecutive 512-byte tiles. The encoder is the driver's, reached
+// through the runtime (no link to libcuda); it is looked up once.
+cudaError_t weight_tensor_map(const int32_t* qweight, int64_t N, int kblocks, int tiles8, CUtensorMap* map) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(kblocks), static_cast<cuuint64_t>(N / 8)};
+  const cuuint64_t strides[2] = {512, static_cast<cuuint64_t>(kblocks) * 512};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {128, 1, static_cast<cuuint32_t>(tiles8)};
+  const cuuint32_t steps[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_INT32, 3, const_cast<int32_t*>(qweight), dims, strides, box,
+                            steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 // variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1)
@@ -488,26 +520,24 @@ bool pick_ws_variant(int variant, WsVariant* v) {
   }
 }
 
-// Tokens per tile: the MT with the least padded tokens weighted by (MT + 64) / MT, the conversion
-// and shared-memory reads per MMA that narrower tiles pay. NT = 2 (R = 256 rows, the activations
-// read once per two m64 tiles) where that still gives every SM a tile, except at MT = 256, where
-// one m64n256 accumulator already takes 128 registers.
-int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
-  int best_mt = 64;
+// The variant whose waves of blocks cost least: ceil(blocks / SMs) x the block's MT x R x K work x
+// the variant's cost per unit of work once every SM is busy (H100, 8192x28672 at M = 4096, relative
+// to variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; variant 2's
+// is interpolated). Split-K is left out on purpose: its partials cost about what the extra blocks
+// gain (the H100 sweep of every variant, M = 96-4096 on seven Llama shapes: this picks the
+// fastest in 42 of 49 cases and is at most 20% off, 1% on average; dev/LOG.md).
+int default_ws_variant(int64_t M, int64_t N, int sms) {
+  static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
+  static constexpr int64_t kCost[6] = {0, 170, 140, 122, 105, 100};
+  int best = 5;
   int64_t best_cost = INT64_MAX;
-  for (int mt = 64; mt <= 256; mt *= 2) {
-    const int64_t cost = (M + mt - 1) / mt * mt * (mt + 64) / mt;
-    if (cost < best_cost) best_cost = cost, best_mt = mt;
+  for (int v = 5; v >= 1; --v) {  // ties go to the larger tile
+    const int64_t blocks = (N + kRows[v] - 1) / kRows[v] * ((M + kTokens[v] - 1) / kTokens[v]);
+    const int64_t cost = (blocks + sms - 1) / sms * kTokens[v] * kRows[v] * kCost[v];
+    if (cost < best_cost) best_cost = cost, best = v;
   }
-  // At MT = 256, too few tiles to give every SM one (a 4096- or 8192-wide layer at M = 256): half
-  // the tokens per tile, twice the tiles (H100: 8192x8192 at M = 256, 80 us against 101), unless
-  // K is long enough for split-K to fill the SMs instead (28672x8192: 241 us against 287).
-  if (best_mt == 256)
-    return (N + 127) / 128 * ((M + 255) / 256) * 2 <= sms && (K + 127) / 128 <= 128 ? 3 : 5;
-  const int64_t tiles2 = (N + 255) / 256 * ((M + best_mt - 1) / best_mt);
-  return (best_mt == 64 ? 1 : 3) + (tiles2 >= sms ? 1 : 0);
+  return best;
 }
-
 
 }  // namespace
 
@@ -569,7 +599,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
-  if (variant == 0) variant = default_ws_variant(M, K, N, sms);
+  if (variant == 0) variant = default_ws_variant(M, N, sms);
   WsVariant v;
   if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
   const cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
@@ -615,8 +645,11 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qw
   const int64_t chunks = (int64_t)plan.x_rows * a.kblocks * 16;
   v.tile_x<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(
       static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);
+  CUtensorMap wmap;
+  const cudaError_t err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, &wmap);
+  if (err != cudaSuccess) return err;
   const dim3 grid(plan.row_blocks, plan.splits, plan.m_tiles);
-  v.fn<<<grid, kWsThreads, v.smem, stream>>>(a);
+  v.fn<<<grid, kWsThreads, v.smem, stream>>>(a, wmap);
   return cudaGetLastError();
 }
 

@@ -30,7 +30,7 @@ for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136,
         for kernel in ((3,) if only else (1, 2, 3)):
             if (kernel == 1 and m > 64) or (kernel == 2 and m > 128) or (kernel > 1 and not wgmma):
                 continue
-            for tiles in ((only or range(1, 11)) if kernel == 3 else (1, 2)):
+            for tiles in ((only or range(1, 6)) if kernel == 3 else (1, 2)):
                 if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
                     continue  # no such variant (the planner's tables)
                 for splits in (1, 3):

@@ -35,16 +35,16 @@ BATCH_CHUNKED_MAX_M = 128
 WGMMA_MIN_M = 17
 WGMMA_MAX_M = 128
 # from WS_MIN_M rows, the warp-specialised wgmma kernel (a producer warp feeding the MMA warps
-# through the bulk copy engine): any M up to WS_MAX_M in one launch, one read of the weight per tile
-# of up to 256 tokens
-WS_MIN_M = 129
+# through the bulk and tensor copy engines): any M up to WS_MAX_M in one launch, one read of the
+# weight per tile of up to WS_TILE_M tokens
+WS_MIN_M = 65
 WS_MAX_M = 65536
 WS_TILE_M = 256  # the most tokens in one of its tiles
-# where it is the path (H100, docs/performance.md): up to WS_PATH_MAX_M rows on layers of at least
-# WS_WIDE_LAYER weights, up to WS_TILE_M rows on layers larger than SMALL_LAYER; elsewhere
-# dequantize + cuBLAS is faster
+# where it is the path (H100, docs/performance.md): up to WS_PATH_MAX_M rows on every layer larger
+# than TINY_LAYER, and beyond on layers of at least WS_LARGE_LAYER weights; elsewhere dequantize +
+# cuBLAS is faster
 WS_PATH_MAX_M = 1024
-WS_WIDE_LAYER = 4096 * 14336
+WS_LARGE_LAYER = 8192 * 8192
 # layers of at most this many weights (k_proj, v_proj: N = 1024) fill too few SMs for the batch
 # kernels: from TINY_LAYER_DEQUANT_M rows, dequantize + cuBLAS is faster there
 TINY_LAYER = 8192 * 1024

@@ -52,9 +52,8 @@ from w4cli.gpu.contract import (
     WGMMA_MAX_M,
     WGMMA_MIN_M,
     WS_MIN_M,
+    WS_LARGE_LAYER,
     WS_PATH_MAX_M,
-    WS_TILE_M,
-    WS_WIDE_LAYER,
 )
 from w4cli.errors import EnvironmentUnavailable
 
@@ -314,11 +313,12 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     prints): "gemv" (the GEMV, one launch: M <= 8, and past that on latency-bound layers, where
     the batch kernels' staging costs more than it saves: M <= 16 on layers of at most
     GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most SMALL_LAYER), "batch" (the
-    mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists), "wgmma" (the wgmma batch kernel, M <= 128 on compute capability 9.0),
+    mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists),
+    "wgmma" (the cp.async wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
-    capability 9.0, where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows on layers of at
-    least WS_WIDE_LAYER weights, up to WS_TILE_M on layers over SMALL_LAYER), "batch xC" (C
-    launches of at most 64 rows, each reading the weight), or
+    capability 9.0, where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows, and beyond on
+    layers of at least WS_LARGE_LAYER weights), "batch xC" (C launches of at most 64 rows, each
+    reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
     the wgmma kernels (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
@@ -330,7 +330,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
     if wgmma and m >= WS_MIN_M:
-        if m <= WS_PATH_MAX_M and (k * n >= WS_WIDE_LAYER or (m <= WS_TILE_M and k * n > SMALL_LAYER)):
+        if m <= WS_PATH_MAX_M or k * n >= WS_LARGE_LAYER:
             return "wgmma ws"
         return "dequant+cuBLAS"
     if wgmma and m >= WGMMA_MIN_M:

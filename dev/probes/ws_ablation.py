@@ -1,0 +1,154 @@
+"""Where the warp-specialised kernel's time goes: the same kernel built with one part taken out at a
+time, timed on the bench's harness (lab only: the ablated kernels compute wrong results, so no
+output is checked here).
+
+    PYTHONPATH=. python3 dev/probes/ws_ablation.py [--shapes 8192x28672] [--m 1024,4096] [--variants 3,5]
+
+Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
+    base       the kernel as shipped
+    noscale    no per-weight scale multiply (the 8 mul.f16x2 of a word)
+    noconvert  no conversion at all: the packed words go to the tensor cores as they are
+    nodata     the producer copies only the first stages, then completes each stage's barriers
+               with no bytes (the MMA warps never wait for data)
+    mma_only   noconvert and nodata together: the wgmma stream and its barriers alone
+    nosz       no scale and zero copies (cp.async) after the first stages
+    nox        no activation copies after the first stages
+    now        no weight copies after the first stages
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from w4cli.gpu import kernels, timing
+from w4cli.bench import cases
+
+KERNEL = "gemm_w4a16_wgmma.cu"
+
+CONVERT = """      uint32_t dl[4], dh[4];
+      u4x8_minus_zero_f16x8(wl, zlo[i], dl);  // exact q - z, fp16 pairs (k, k+1)
+      u4x8_minus_zero_f16x8(wh, zhi[i], dh);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {  // per weight: (q - z) * s rounded once, the reference's W16
+        af[i][2 * p] = mul_f16x2(dl[p], slo[i] * 0x10001u);
+        af[i][2 * p + 1] = mul_f16x2(dh[p], shi[i] * 0x10001u);
+      }"""
+NOSCALE = """      uint32_t dl[4], dh[4];
+      u4x8_minus_zero_f16x8(wl, zlo[i], dl);
+      u4x8_minus_zero_f16x8(wh, zhi[i], dh);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        af[i][2 * p] = dl[p];
+        af[i][2 * p + 1] = dh[p];
+      }"""
+NOCONVERT = """#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        af[i][2 * p] = wl + p;
+        af[i][2 * p + 1] = wh + p;
+      }"""
+LOOP = """  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t full = b.full_a + 8 * s, parity = ((i / S::kStages) + 1) & 1;"""
+NODATA = LOOP + """
+    if (i >= S::kStages) {
+      mbar_wait(b.empty_a + 8 * s, parity);
+      if (lane == 0) mbar_arrive_expect_tx(full, 0);
+      mbar_arrive(full);
+      mbar_wait(b.empty_b + 8 * s, parity);
+      if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
+      continue;
+    }"""
+
+SZ_LOOP = """      if (slot < a.run_slots) {
+        const int n0 = cb * S::kRows + 8 * c;"""
+NOSZ = """      if (slot < a.run_slots && i < S::kStages) {
+        const int n0 = cb * S::kRows + 8 * c;"""
+XA = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
+      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);"""
+NOXA = """      mbar_arrive_expect_tx(full, (i < S::kStages ? kAtom : 0) + kTiles8 * 512);
+      if (i < S::kStages) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);"""
+XB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+      bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
+NOXB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);
+      if (i < S::kStages) bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
+W = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
+      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
+      tensor_copy_3d_g2s("""
+NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 512 : 0));
+      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
+      if (i < S::kStages) tensor_copy_3d_g2s("""
+
+BUILDS = {
+    "base": [],
+    "noscale": [(CONVERT, NOSCALE)],
+    "noconvert": [(CONVERT, NOCONVERT)],
+    "nodata": [(LOOP, NODATA)],
+    "mma_only": [(CONVERT, NOCONVERT), (LOOP, NODATA)],
+    "nosz": [(SZ_LOOP, NOSZ)],
+    "nox": [(XA, NOXA), (XB, NOXB)],
+    "now": [(W, NOW)],
+}
+
+
+def build(name: str, patches: list[tuple[str, str]]):
+    from torch.utils import cpp_extension
+
+    root = Path("/tmp/w4_ablation") / name
+    src = root / "kernels"
+    if src.exists():
+        shutil.rmtree(src)
+    shutil.copytree(kernels.KERNEL_DIR, src)
+    text = (src / KERNEL).read_text()
+    for old, new in patches:
+        assert text.count(old) == 1, f"{name}: patch target not found once"
+        text = text.replace(old, new)
+    (src / KERNEL).write_text(text)
+    arch = "90a"
+    return cpp_extension.load(
+        name=f"w4_ablation_{name}",
+        sources=[str(p) for p in kernels.build_sources(src)],
+        build_directory=str(root),
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-lineinfo"],
+        extra_include_paths=[str(src)],
+        verbose=False,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8192x28672")
+    ap.add_argument("--m", default="1024,4096")
+    ap.add_argument("--variants", default="3,5")
+    ap.add_argument("--builds", default=",".join(BUILDS))
+    args = ap.parse_args()
+    mods = {}
+    for name in args.builds.split(","):
+        t = time.time()
+        mods[name] = build(name, BUILDS[name])
+        print(f"built {name} in {time.time() - t:.0f}s", flush=True)
+    print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        layer = cases.Layer(k, n, 128, seed=1)
+        for m in (int(v) for v in args.m.split(",")):
+            flops = 2 * m * k * n
+            for variant in (int(v) for v in args.variants.split(",")):
+                row = []
+                for name, mod in mods.items():
+                    def run(x, qw, qz, s, mod=mod, variant=variant):
+                        return mod.gemm_w4_batch(x, qw, qz, s, None, 0, variant, 3)
+                    t = timing.measure(run, lambda i: (layer.x(m, i), *layer.gemv(i)), 0, lambda out, a: True,
+                                       name=f"{name}")
+                    row.append(f"{name} {t.median_us:.1f} us ({flops / t.median_us / 1e6:.0f} TFLOP/s)")
+                print(f"{shape} M={m} variant {variant}: " + " | ".join(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
