@@ -54,6 +54,8 @@ from w4cli.gpu.contract import (
     WS_MIN_M,
     WS_LARGE_LAYER,
     WS_PATH_MAX_M,
+    WS_WIDE_MIN_M,
+    WS_WIDE_N,
 )
 from w4cli.errors import EnvironmentUnavailable
 
@@ -316,7 +318,8 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists),
     "wgmma" (the cp.async wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
-    capability 9.0, where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows, and beyond on
+    capability 9.0, from WS_WIDE_MIN_M on layers at least WS_WIDE_N wide, and where it beats
+    dequantize + cuBLAS: up to WS_PATH_MAX_M rows, and beyond on
     layers of at least WS_LARGE_LAYER weights), "batch xC" (C launches of at most 64 rows, each
     reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
@@ -329,7 +332,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
         return "gemv"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
-    if wgmma and m >= WS_MIN_M:
+    if wgmma and (m >= WS_MIN_M or (m >= WS_WIDE_MIN_M and n >= WS_WIDE_N)):
         if m <= WS_PATH_MAX_M or k * n >= WS_LARGE_LAYER:
             return "wgmma ws"
         return "dequant+cuBLAS"
