@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
 // tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
 // (the header's k order, two 64-k swizzle atoms, 16-byte unit u of row r at u ^ (r % 8)), tokens
-// past M zero. The stage is then one bulk copy: the swizzle is a function of the shared address,
-// and a stage starts 1 KB aligned, so the copied image is already swizzled.
+// past M zero. Each 64-k half of a stage is then one bulk copy: the swizzle is a function of the
+// shared address, and a stage starts 1 KB aligned, so the copied image is already swizzled.
 template <typename S, int MT = S::kTokens>
 __global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xt, int M,
                                                      int K, int kblocks, int64_t chunks) {
