@@ -17,16 +17,23 @@ import torch
 
 from tests.test_writer import output
 from w4cli.write import shard_file
-from w4cli.write.shard_file import BLOCK, DirectFile, aligned_buffer, filesystem_type, open_shard, staging_for
+from w4cli.write.shard_file import BLOCK, DirectFile, Staging, filesystem_type, open_shard, staging_for
 from w4cli.write.writer import plan_shards, write_shards
 
 STAGING = 4 * BLOCK  # small, so a few KB of writes cross its boundaries many times
 
 
-def direct_here(path: Path) -> bool:
+@pytest.fixture
+def staging():
+    staging = Staging(STAGING)
+    yield staging
+    staging.close()
+
+
+def direct_here(path: Path, staging: Staging) -> bool:
     """Whether O_DIRECT is taken where the tests write (ext4 on the dev box; CI's /tmp may not be)."""
     probe = path / "probe"
-    handle = open_shard(probe, aligned_buffer(BLOCK))
+    handle = open_shard(probe, staging)
     handle.close()
     probe.unlink()
     return isinstance(handle, DirectFile)
@@ -54,15 +61,15 @@ SIZES = {
 
 
 @pytest.mark.parametrize("sizes", SIZES.values(), ids=SIZES.keys())
-def test_every_byte_arrives_in_order_whatever_the_boundaries(tmp_path, sizes):
+def test_every_byte_arrives_in_order_whatever_the_boundaries(tmp_path, sizes, staging):
     chunks = chunks_of(sizes, seed=len(sizes))
-    handle = open_shard(tmp_path / "shard", aligned_buffer(STAGING))
+    handle = open_shard(tmp_path / "shard", staging)
     for chunk in chunks:
         assert handle.write(memoryview(chunk)) == len(chunk)
     handle.close()
     handle.close()  # a second close changes nothing
     assert (tmp_path / "shard").read_bytes() == b"".join(chunks)
-    if direct_here(tmp_path):
+    if direct_here(tmp_path, staging):
         assert isinstance(handle, DirectFile) and handle.direct
 
 
@@ -74,14 +81,14 @@ def test_without_staging_the_file_goes_through_the_page_cache(tmp_path):
     assert (tmp_path / "shard").read_bytes() == b"abc"
 
 
-def test_an_existing_file_is_never_opened(tmp_path):
+def test_an_existing_file_is_never_opened(tmp_path, staging):
     (tmp_path / "shard").write_bytes(b"someone's")
     with pytest.raises(FileExistsError):
-        open_shard(tmp_path / "shard", aligned_buffer(BLOCK))
+        open_shard(tmp_path / "shard", staging)
     assert (tmp_path / "shard").read_bytes() == b"someone's"
 
 
-def test_a_filesystem_that_refuses_o_direct_at_open_gets_plain_writes(tmp_path, monkeypatch):
+def test_a_filesystem_that_refuses_o_direct_at_open_gets_plain_writes(tmp_path, monkeypatch, staging):
     real = fcntl.fcntl
 
     def no_direct_io(fd, command, *args):
@@ -91,7 +98,7 @@ def test_a_filesystem_that_refuses_o_direct_at_open_gets_plain_writes(tmp_path, 
 
     monkeypatch.setattr(fcntl, "fcntl", no_direct_io)
     chunks = chunks_of(SIZES["odd pieces"], seed=1)
-    handle = open_shard(tmp_path / "shard", aligned_buffer(STAGING))
+    handle = open_shard(tmp_path / "shard", staging)
     assert not isinstance(handle, DirectFile)
     for chunk in chunks:
         handle.write(chunk)
@@ -100,8 +107,8 @@ def test_a_filesystem_that_refuses_o_direct_at_open_gets_plain_writes(tmp_path, 
 
 
 @pytest.mark.parametrize("refused_at", [1, 3], ids=["first write", "third write"])
-def test_a_direct_write_refused_mid_file_goes_on_through_the_page_cache(tmp_path, monkeypatch, refused_at):
-    if not direct_here(tmp_path):
+def test_a_direct_write_refused_mid_file_goes_on_through_the_page_cache(tmp_path, monkeypatch, refused_at, staging):
+    if not direct_here(tmp_path, staging):
         pytest.skip("O_DIRECT is not taken on this filesystem; the refusal at open is tested above")
     real = os.write
     calls = []
@@ -115,7 +122,7 @@ def test_a_direct_write_refused_mid_file_goes_on_through_the_page_cache(tmp_path
 
     monkeypatch.setattr(os, "write", refuses)
     chunks = chunks_of([3 * STAGING + 5, 10, STAGING], seed=2)
-    handle = open_shard(tmp_path / "shard", aligned_buffer(STAGING))
+    handle = open_shard(tmp_path / "shard", staging)
     for chunk in chunks:
         handle.write(chunk)
     handle.close()
@@ -123,8 +130,8 @@ def test_a_direct_write_refused_mid_file_goes_on_through_the_page_cache(tmp_path
     assert (tmp_path / "shard").read_bytes() == b"".join(chunks)
 
 
-def test_a_full_disk_during_a_direct_write_is_raised_and_nothing_more_is_written(tmp_path, monkeypatch):
-    if not direct_here(tmp_path):
+def test_a_full_disk_during_a_direct_write_is_raised_and_nothing_more_is_written(tmp_path, monkeypatch, staging):
+    if not direct_here(tmp_path, staging):
         pytest.skip("O_DIRECT is not taken on this filesystem; a full disk through the cache is test_output_safety's")
     real = os.write
     room = [STAGING + BLOCK // 2]
@@ -137,7 +144,7 @@ def test_a_full_disk_during_a_direct_write_is_raised_and_nothing_more_is_written
         room[0] -= count
         return count
 
-    handle = open_shard(tmp_path / "shard", aligned_buffer(STAGING))
+    handle = open_shard(tmp_path / "shard", staging)
     monkeypatch.setattr(os, "write", fills_up)
     with pytest.raises(OSError) as raised:
         handle.write(bytes(4 * STAGING))
@@ -155,7 +162,8 @@ def test_staging_only_where_direct_io_pays(tmp_path):
     staging = staging_for(tmp_path)
     assert (staging is not None) == (kind in shard_file.DIRECT_FILESYSTEMS)
     if staging is not None:
-        assert staging.nbytes == shard_file.STAGING_BYTES and staging.ctypes.data % BLOCK == 0
+        assert all(b.nbytes == shard_file.STAGING_BYTES and b.ctypes.data % BLOCK == 0 for b in staging.buffers)
+        staging.close()
 
 
 def test_mount_points_with_spaces_are_read_back(tmp_path):

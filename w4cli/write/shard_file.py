@@ -6,11 +6,12 @@ copied into it, throttled as dirty memory, written back and reclaimed. On the de
 buffered writes cost 20-35 s of system time while the disk took direct writes at 1.6-2 GB/s
 (dev/LOG.md, "bench-stream's writer").
 
-How: the bytes handed to write() are copied into a page-aligned staging buffer; each time it is
-full it goes out in one direct write, so every direct write starts at an offset that is a multiple
-of the buffer's size. At close the whole blocks of what is left go out direct and the last partial
-block (under BLOCK bytes) through the page cache, O_DIRECT switched off first: the file ends at
-its exact size, with no padding to truncate. Where O_DIRECT is refused (EINVAL: the filesystem has
+How: the bytes handed to write() are copied into one of two page-aligned staging buffers; each
+time one is full it goes out in one direct write, on a thread of its own while the other one
+fills (the copies and the disk's writes overlap), so every direct write starts at an offset that
+is a multiple of the buffer's size. At close the whole blocks of what is left go out direct and
+the last partial block (under BLOCK bytes) through the page cache, O_DIRECT switched off first:
+the file ends at its exact size, with no padding to truncate. Where O_DIRECT is refused (EINVAL: the filesystem has
 no direct I/O, or wants a larger alignment than BLOCK), the file goes on with ordinary writes,
 silently, the same bytes. Network and FUSE filesystems are never asked: there a direct write is a
 synchronous round trip to the server, slower than the cache it avoids.
@@ -25,12 +26,16 @@ import errno
 import fcntl
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 
 import numpy as np
 
+from w4cli.write import signals
+
 BLOCK = 4096  # alignment of direct writes' memory, offsets and lengths: a page, >= every common logical block
-STAGING_BYTES = 8 << 20  # direct writes of 4-64 MiB all ran at the disk's pace; 8 MiB keeps memory small
+STAGING_BYTES = 8 << 20  # per buffer: direct writes of 4-64 MiB all ran at the disk's pace; 8 MiB keeps memory small
 # local filesystems whose direct I/O goes to a block device (overlay: a container's root, passed on to
 # its upper layer, which refuses it where it cannot); anything else is written through the cache
 DIRECT_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "overlay"})
@@ -64,13 +69,13 @@ def _unescape(field: str) -> str:
     return field
 
 
-def staging_for(directory: Path) -> np.ndarray | None:
-    """A page-aligned staging buffer for the shards written into `directory` (one at a time), or
-    None where they go through the page cache: no O_DIRECT on this system, or not a filesystem
+def staging_for(directory: Path) -> Staging | None:
+    """Staging for the shards written into `directory` (one at a time; close() it after the last),
+    or None where they go through the page cache: no O_DIRECT on this system, or not a filesystem
     where it pays (DIRECT_FILESYSTEMS)."""
     if not hasattr(os, "O_DIRECT") or filesystem_type(directory) not in DIRECT_FILESYSTEMS:
         return None
-    return aligned_buffer(STAGING_BYTES)
+    return Staging(STAGING_BYTES)
 
 
 def aligned_buffer(nbytes: int) -> np.ndarray:
@@ -79,7 +84,19 @@ def aligned_buffer(nbytes: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 
-def open_shard(path: Path, staging: np.ndarray | None):
+class Staging:
+    """Two page-aligned buffers of `nbytes`, and the thread that writes a full one while the other
+    fills: the copies and the disk's writes overlap."""
+
+    def __init__(self, nbytes: int):
+        self.buffers = (aligned_buffer(nbytes), aligned_buffer(nbytes))
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="w4-direct-write")
+
+    def close(self) -> None:
+        self.io.shutdown(wait=True)
+
+
+def open_shard(path: Path, staging: Staging | None):
     """A new file at `path` (never an existing one) with write(bytes-like) and close(): direct
     through `staging` where O_DIRECT is available for it, else Python's buffered file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
@@ -98,44 +115,55 @@ def open_shard(path: Path, staging: np.ndarray | None):
 
 
 class DirectFile:
-    """A file opened with O_DIRECT, written through a staging buffer (see the module's comment)."""
+    """A file opened with O_DIRECT, written through a staging buffer (see the module's comment).
+    One thread calls write() and close(); the staging's I/O thread writes each full buffer, one
+    at a time, so the file's writes stay in order."""
 
-    def __init__(self, fd: int, staging: np.ndarray):
-        assert staging.nbytes % BLOCK == 0 and staging.ctypes.data % BLOCK == 0
+    def __init__(self, fd: int, staging: Staging):
         self.fd = fd
         self.direct = True  # False once a direct write was refused: plain writes from then on
         self._staging = staging
+        self._current = 0  # which of the two buffers is filling
         self._filled = 0
+        self._pending: Future | None = None  # the other buffer's write, while it runs
         self._failed = False
         self.closed = False
 
     def write(self, data) -> int:
         source = np.frombuffer(data, dtype=np.uint8)
         try:
-            if not self.direct:  # refused earlier: what is staged goes first, then the rest unstaged
-                self._write_staged(0, self._filled)
-                self._filled = 0
-                _write_all(self.fd, memoryview(source))
-                return source.nbytes
             done = 0
             while done < source.nbytes:
-                count = min(source.nbytes - done, self._staging.nbytes - self._filled)
+                buffer = self._staging.buffers[self._current]
+                count = min(source.nbytes - done, buffer.nbytes - self._filled)
                 # a NumPy copy releases the GIL: the producer thread runs meanwhile
-                np.copyto(self._staging[self._filled : self._filled + count], source[done : done + count])
+                np.copyto(buffer[self._filled : self._filled + count], source[done : done + count])
                 self._filled += count
                 done += count
-                if self._filled == self._staging.nbytes:
-                    self._write_staged(0, self._filled)
-                    self._filled = 0
+                if self._filled == buffer.nbytes:
+                    self._hand_off()
         except BaseException:
             self._failed = True
             raise
         return source.nbytes
 
-    def _write_staged(self, start: int, stop: int) -> None:
-        """Write staging[start:stop]: direct while it is taken, and on the first refusal (EINVAL,
+    def _hand_off(self) -> None:
+        """Start the full buffer's write on the I/O thread, once the one before it has ended, and
+        fill the other buffer meanwhile. An error of the write before is raised here."""
+        self._wait()
+        self._pending = self._staging.io.submit(self._write, self._staging.buffers[self._current], 0, self._filled)
+        self._current ^= 1
+        self._filled = 0
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _write(self, buffer: np.ndarray, start: int, stop: int) -> None:
+        """Write buffer[start:stop]: direct while it is taken, and on the first refusal (EINVAL,
         which writes nothing) the rest through the page cache."""
-        view = memoryview(self._staging)[start:stop]
+        view = memoryview(buffer)[start:stop]
         done = 0
         while done < len(view):
             try:
@@ -155,14 +183,23 @@ class DirectFile:
         self.closed = True
         try:
             if not self._failed:
+                self._wait()
+                buffer = self._staging.buffers[self._current]
                 whole = self._filled - self._filled % BLOCK
-                self._write_staged(0, whole)
+                self._write(buffer, 0, whole)
                 if whole < self._filled:  # the last partial block: direct I/O writes whole blocks only
                     _without_direct_io(self.fd)
-                    self._write_staged(whole, self._filled)
+                    self._write(buffer, whole, self._filled)
                 self._filled = 0
         finally:
+            if self._pending is not None:
+                # never close the descriptor under a running write; on the main thread this is
+                # an abandoned run's clean-up, which a stop request must not cut short
+                with signals.held(redeliver=False):
+                    wait_for([self._pending])
+                self._pending = None
             os.close(self.fd)
+
 
 def _without_direct_io(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)

@@ -285,10 +285,14 @@ def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None
             writer.put(handle, None)  # close
         writer.finish()
     finally:
-        if writer.error is None and writer._thread.is_alive():
-            writer.finish()
-        for handle in handles:
-            handle.close()
+        try:
+            if writer.error is None and writer._thread.is_alive():
+                writer.finish()
+            for handle in handles:
+                handle.close()
+        finally:
+            if staging is not None:
+                staging.close()
     for file, members in plan.files.items():
         _check_written(directory / file, members, plan.metadata)
     if plan.index is not None:
