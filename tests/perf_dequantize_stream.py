@@ -10,7 +10,8 @@ scales) or compressed-tensors (pack-quantized, symmetric W4A16, bf16 scales).
 Builds the ~3.9 GB input once per format (kept in WORKDIR, default w4-stream in the temp
 directory; needs ~35 GB free), then runs `python -m w4cli dequantize --max-shard-size 500MB` in a child process and
 reports its peak RSS (that child's own, from wait4) and MB/s written, beside the time a plain
-`cp -r` of the output takes right after (the disk's pace) and the ratio of the two. --baseline
+`cp -r` of the output takes right after (the disk's pace: its source read into the page cache
+first, untimed, so it times the writing alone) and the ratio of the two. --baseline
 runs another checkout's w4 (its w4cli first on the path) the same way just before, so a change is
 measured back to back against what it replaces.
 """
@@ -158,6 +159,12 @@ def run(src: Path, work: Path, device: str, threads: int | None, checkout: Path 
             sys.exit(stderr.read())
         summary = json.loads(stdout.read())
     peak_mb = usage.ru_maxrss / 1024
+    # the reference writes 13.5 GB through the page cache from a source read from memory, whatever
+    # w4 left cached: its output written with O_DIRECT is not, and cp -r would time the disk's reads too
+    for file in out.iterdir():
+        with open(file, "rb") as handle:
+            while handle.read(1 << 24):
+                pass
     start = time.perf_counter()
     subprocess.run(["cp", "-r", str(out), str(copy)], check=True)
     subprocess.run(["sync"], check=True)
@@ -166,7 +173,8 @@ def run(src: Path, work: Path, device: str, threads: int | None, checkout: Path 
     written = summary["bytes_out"] / 1e6
     print(f"[{label}] input {summary['bytes_in'] / 1e6:,.0f} MB -> output {written:,.0f} MB in "
           f"{sum(f.endswith('.safetensors') for f in summary['files'])} shards, {summary['dtype']}, threads {summary.get('threads', '-')}")
-    print(f"[{label}] w4 dequantize --device {device}: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB")
+    print(f"[{label}] w4 dequantize --device {device}: {seconds:.1f} s wall, {written / seconds:,.0f} MB/s written, peak RSS {peak_mb:,.0f} MB, "
+          f"CPU {usage.ru_utime:.1f} s user + {usage.ru_stime:.1f} s system")
     print(f"[{label}]   of which reading {summary['read_seconds']:.1f} s, compute {summary['compute_seconds']:.1f} s, "
           f"writing {summary['write_seconds']:.1f} s: bound by {summary['bound_by']}")
     print(f"[{label}] cp -r of the output (the disk's pace): {cp_seconds:.1f} s, {written / cp_seconds:,.0f} MB/s; "

@@ -68,7 +68,7 @@ def test_a_failing_write_on_the_writer_thread_is_raised(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(writer, "open", FullDisk, raising=False)
+    monkeypatch.setattr(writer.shard_file, "open_shard", FullDisk)
     plan = plan_shards([output(f"x{i}", torch.ones(4)) for i in range(4)], max_shard_size=1000, provenance={})
     with pytest.raises(OSError, match="No space left"):
         write_shards(tmp_path, plan, lambda n: None)

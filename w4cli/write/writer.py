@@ -5,7 +5,7 @@ shapes, written tensor by tensor, then config, index and the copied files. `w4 d
 Everything goes into the temporary sibling of OUTPUT_DIR that output_dir.py claims and renames
 into place once every file is written. Tensors are streamed into their shard files as they are
 produced, so peak memory is about two output tensors plus the inputs of the one being produced,
-whatever the shard size.
+whatever the shard size. How the bytes reach the disk (O_DIRECT where it pays) is shard_file.py's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from w4cli.write import signals
+from w4cli.write import shard_file, signals
 from w4cli.read.checkpoint import DTYPES
 from w4cli.console import byte_progress
 from w4cli.errors import UsageError
@@ -263,11 +263,12 @@ def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None
     read back through the safetensors library afterwards to check its header against the plan.
     Returns (seconds producing tensors, seconds writing files)."""
     producing = 0.0
+    staging = shard_file.staging_for(directory)
     writer = _Writer()
     handles = []
     try:
         for file, members in plan.files.items():
-            handle = open(directory / file, "wb")
+            handle = shard_file.open_shard(directory / file, staging)
             handles.append(handle)
             writer.put(handle, safetensors_header(members, plan.metadata))
             for tensor in members:
@@ -284,10 +285,14 @@ def write_shards(directory: Path, plan: ShardPlan, advance: Callable[[int], None
             writer.put(handle, None)  # close
         writer.finish()
     finally:
-        if writer.error is None and writer._thread.is_alive():
-            writer.finish()
-        for handle in handles:
-            handle.close()
+        try:
+            if writer.error is None and writer._thread.is_alive():
+                writer.finish()
+            for handle in handles:
+                handle.close()
+        finally:
+            if staging is not None:
+                staging.close()
     for file, members in plan.files.items():
         _check_written(directory / file, members, plan.metadata)
     if plan.index is not None:
