@@ -192,8 +192,8 @@ __device__ __forceinline__ void load_x(uint4 (&xv)[U][NB][4], int kb0, const Arg
 
 // Dequantize one k-block (the lane's 4 words of rows g and g+8) and run its 8 mma per token
 // tile. acc0 takes the first mma of each word, acc1 the second: two independent dependency chains
-// through the tensor core per tile (the same chains for every token, whatever M: a token's result
-// does not depend on the batch around it). s: fp16 scale of row g (low half) and g+8 (high half);
+// through the tensor core per tile (the same chains for every token, whatever M: at the same
+// split, a token's result does not depend on the batch around it). s: fp16 scale of row g (low half) and g+8 (high half);
 // z: zero of row g (bits 0..3) and g+8 (bits 4..7).
 template <int NB>
 __device__ __forceinline__ void compute_one(const uint4& lo, const uint4& hi, uint32_t s, uint32_t z,
@@ -311,7 +311,7 @@ __device__ __forceinline__ void finish_warp(const Args& a, const Lane<NB>& l, in
 // are never stored, and the mma keeps columns and rows independent, so the stored outputs are
 // unchanged. This drops the per-iteration zeroing of the skipped registers. 64 registers
 // (__launch_bounds__ with 2 blocks per SM) let two 16-warp blocks share an SM at one token tile;
-// more tiles take up to 128.
+// more tiles take more, in blocks of at most 8 warps.
 template <int NB>
 __global__ void __launch_bounds__(max_warps(NB) * 32, NB == 1 ? 2 : 1) gemv_w4a16_lean_kernel(const Args a) {
   extern __shared__ __align__(128) uint8_t dsmem[];
