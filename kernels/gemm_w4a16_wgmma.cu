@@ -311,12 +311,6 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
   const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
-  // One group a k-block (G % 128 == 0) and rows of zeros 16-byte aligned (N % 32 == 0): the block's
-  // scales and zeros at a k-block are two contiguous runs, one bulk copy each (the rows inside N:
-  // a multiple of 32, so both runs are whole 16-byte units); else cp.async per 8 rows and run slot.
-  const int rows = min(S::kRows, a.N - cb * S::kRows);
-  const bool bulk_sz = a.run_slots == 1 && a.N % 32 == 0 && (reinterpret_cast<uintptr_t>(a.qzeros) & 15) == 0;
-  const uint32_t sz_bytes = bulk_sz ? rows * 2 + rows / 2 : 0;
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
     const uint32_t full = b.full_a + 8 * s, parity = ((i / S::kStages) + 1) & 1;
@@ -325,35 +319,26 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
     const int kb = kb0 + i;
     const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
     if (lane == 0) {
-      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512 + sz_bytes);
+      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
       bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
-      if (bulk_sz) {
-        const int grp = group_of_run(4u * kb, a);
-        bulk_copy_g2s(st + S::kSOff, a.scales + (size_t)grp * a.N + cb * S::kRows, rows * 2, full, xpolicy);
-        bulk_copy_g2s(st + S::kZOff, a.qzeros + (size_t)grp * (a.N >> 3) + cb * kTiles8, rows / 2, full, xpolicy);
-      }
     }
-    if (bulk_sz) {
-      mbar_arrive(full);  // the 32 arrivals the barrier counts for the cp.async path
-    } else {
-      // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
+    // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
 #pragma unroll
-      for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
-        const int idx = lane + 32 * j;
-        const int slot = idx / kTiles8;
-        const int c = idx - slot * kTiles8;
-        if (slot < a.run_slots) {
-          const int n0 = cb * S::kRows + 8 * c;
-          const bool ok = n0 < a.N;
-          const int grp = group_of_run(4u * kb + slot, a);
-          cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
-          cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
-                    ok);
-        }
+    for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
+      const int idx = lane + 32 * j;
+      const int slot = idx / kTiles8;
+      const int c = idx - slot * kTiles8;
+      if (slot < a.run_slots) {
+        const int n0 = cb * S::kRows + 8 * c;
+        const bool ok = n0 < a.N;
+        const int grp = group_of_run(4u * kb + slot, a);
+        cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
+        cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
+                  ok);
       }
-      mbar_arrive_cp_async(full);
     }
+    mbar_arrive_cp_async(full);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
       mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);

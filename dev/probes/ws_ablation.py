@@ -11,7 +11,7 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     nodata     the producer copies only the first stages, then completes each stage's barriers
                with no bytes (the MMA warps never wait for data)
     mma_only   noconvert and nodata together: the wgmma stream and its barriers alone
-    nosz       no scale and zero copies after the first stages (the bulk-copied path: G % 128 == 0, N % 32 == 0)
+    nosz       no scale and zero copies (cp.async) after the first stages
     nox        no activation copies after the first stages
     now        no weight copies after the first stages
 """
@@ -64,24 +64,22 @@ NODATA = LOOP + """
       continue;
     }"""
 
-SZ_LOOP = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512 + sz_bytes);"""
-NOSZ = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512 + (i < S::kStages ? sz_bytes : 0));"""
-SZ_COPY = """      if (bulk_sz) {
-        const int grp"""
-NOSZ_COPY = """      if (bulk_sz && i < S::kStages) {
-        const int grp"""
-XA = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512 + sz_bytes);
+SZ_LOOP = """      if (slot < a.run_slots) {
+        const int n0 = cb * S::kRows + 8 * c;"""
+NOSZ = """      if (slot < a.run_slots && i < S::kStages) {
+        const int n0 = cb * S::kRows + 8 * c;"""
+XA = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
       bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);"""
-NOXA = """      mbar_arrive_expect_tx(full, (i < S::kStages ? kAtom : 0) + kTiles8 * 512 + sz_bytes);
+NOXA = """      mbar_arrive_expect_tx(full, (i < S::kStages ? kAtom : 0) + kTiles8 * 512);
       if (i < S::kStages) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);"""
 XB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
       bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
 NOXB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);
       if (i < S::kStages) bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
-W = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512 + sz_bytes);
+W = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
       bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       tensor_copy_3d_g2s("""
-NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 512 : 0) + sz_bytes);
+NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 512 : 0));
       bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       if (i < S::kStages) tensor_copy_3d_g2s("""
 
@@ -91,7 +89,7 @@ BUILDS = {
     "noconvert": [(CONVERT, NOCONVERT)],
     "nodata": [(LOOP, NODATA)],
     "mma_only": [(CONVERT, NOCONVERT), (LOOP, NODATA)],
-    "nosz": [(SZ_LOOP, NOSZ), (SZ_COPY, NOSZ_COPY)],
+    "nosz": [(SZ_LOOP, NOSZ)],
     "nox": [(XA, NOXA), (XB, NOXB)],
     "now": [(W, NOW)],
 }
