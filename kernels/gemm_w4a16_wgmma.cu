@@ -520,20 +520,34 @@ bool pick_ws_variant(int variant, WsVariant* v) {
   }
 }
 
-// The variant whose waves of blocks cost least: ceil(blocks / SMs) x the block's MT x R x K work x
-// the variant's cost per unit of work once every SM is busy (H100, 8192x28672 at M = 4096, relative
-// to variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; variant 2's
-// is interpolated). Split-K is left out on purpose: its partials cost about what the extra blocks
-// gain (the H100 sweep of every variant, M = 96-4096 on seven Llama shapes: this picks the
-// fastest in 42 of 49 cases and is at most 20% off, 1% on average; dev/LOG.md).
-int default_ws_variant(int64_t M, int64_t N, int sms) {
+// Split-K only to fill SMs that would otherwise idle, and only over at least 32 k-blocks a split:
+// the partials of a compute-bound tile cost more than the bytes model of the other kernels
+// assumes (H100, 4096x4096 at M = 256: 100 us with its choice, 55 us with none).
+int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
+  const int64_t want = blocks < sms ? sms / blocks : 1, cap = kblocks / 32;
+  const int64_t splits = want < cap ? want : cap;
+  return splits < 1 ? 1 : static_cast<int>(splits);
+}
+
+// The variant whose waves of blocks cost least: ceil(blocks x splits / SMs) x the block's MT x R
+// x (its k-blocks, plus 32 for a split-K reduction) x the variant's cost per unit of work once
+// every SM is busy (H100, 8192x28672 at M = 4096, relative to variant 5: smaller tiles pay more
+// conversion and shared-memory traffic per MMA; variant 2's is interpolated). Fitted to the H100
+// sweep of every variant at M = 96-4096 on seven Llama shapes (dev/LOG.md): it picks the fastest
+// in 40 of 49 cases and is at most 5% off (without the split term, at most 20%: 28672x8192 at
+// M = 128; with split-K counted as free, at most 90%).
+int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 170, 140, 122, 105, 100};
+  constexpr int64_t kSplitCost = 32;  // k-blocks' worth of work a split-K reduction adds
+  const int kblocks = static_cast<int>((K + 127) / 128);
   int best = 5;
   int64_t best_cost = INT64_MAX;
   for (int v = 5; v >= 1; --v) {  // ties go to the larger tile
     const int64_t blocks = (N + kRows[v] - 1) / kRows[v] * ((M + kTokens[v] - 1) / kTokens[v]);
-    const int64_t cost = (blocks + sms - 1) / sms * kTokens[v] * kRows[v] * kCost[v];
+    const int splits = ws_auto_splits(blocks, kblocks, sms);
+    const int64_t per_block = (kblocks + splits - 1) / splits + (splits > 1 ? kSplitCost : 0);
+    const int64_t cost = (blocks * splits + sms - 1) / sms * kTokens[v] * kRows[v] * kCost[v] * per_block;
     if (cost < best_cost) best_cost = cost, best = v;
   }
   return best;
@@ -599,7 +613,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
-  if (variant == 0) variant = default_ws_variant(M, N, sms);
+  if (variant == 0) variant = default_ws_variant(M, K, N, sms);
   WsVariant v;
   if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
   const cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
@@ -607,15 +621,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
-  // Split-K only to fill SMs that would otherwise idle, and only over at least 32 k-blocks a split:
-  // the partials of a compute-bound tile cost more than the bytes model of the other kernels
-  // assumes (H100, 4096x4096 at M = 256: 100 us with its choice, 55 us with none).
-  if (splits == 0) {
-    const int blocks = row_blocks * m_tiles;
-    const int want = blocks < sms ? sms / blocks : 1, cap = kblocks / 32;
-    splits = want < cap ? want : cap;
-    if (splits < 1) splits = 1;
-  }
+  if (splits == 0) splits = ws_auto_splits((int64_t)row_blocks * m_tiles, kblocks, sms);
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
               M < v.tokens ? M : v.tokens, v.rows, plan);
   plan->row_blocks = row_blocks;
