@@ -1,6 +1,7 @@
-// batch_common.cuh: what the two batch kernels share (gemm_w4a16_batch.cu, mma.sync on sm_80+;
+// batch_common.cuh: what the batch kernels share (gemm_w4a16_batch.cu, mma.sync on sm_80+;
 // gemm_w4a16_wgmma.cu, wgmma on sm_90a): their arguments, the cp.async copies of one k-block into
-// a shared-memory stage, and the split-K reduction and output of the accumulators.
+// a shared-memory stage, the output of the accumulators, and the mma.sync kernel's split-K
+// reduction through global memory.
 //
 // Both kernels read the w4-gemv layout (gemv_w4a16.cu's header) and hold their accumulators as
 // acc[tile][n8 token tile][4], the mma C fragment: acc[i][nb][e] is output row
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 
+#include "tensor_core.cuh"
 #include "w4_kernels.h"
 
 namespace w4 {
@@ -128,7 +130,9 @@ struct Loader {
 
   // Issue the copies of k-block kb into the stage at shared address st. Per chunk: one 32-bit
   // offset from the k-block's base (the strides fit: K < 2^21, 16 rows or 8 tiles per chunk).
-  __device__ __forceinline__ void load(uint32_t st, int kb, const BatchArgs& a, uint64_t policy) const {
+  // load_constants: the weights, scales and zeros (no kernel writes them: they may be copied
+  // before pdl_wait); load_x: the activations; load: both.
+  __device__ __forceinline__ void load_constants(uint32_t st, int kb, const BatchArgs& a, uint64_t policy) const {
     const char* wk = reinterpret_cast<const char*>(w + (size_t)kb * 32);
 #pragma unroll
     for (int i = 0; i < kW; ++i) {
@@ -137,6 +141,13 @@ struct Loader {
       cp_async16_policy(st + wdst + i * kBatchThreads * 16, ok ? src : reinterpret_cast<const char*>(a.qweight), ok,
                         policy);
     }
+    if (slot >= 0) {
+      const int grp = group_of_run(4u * kb + slot, a);
+      cp_async16(st + sdst, s + (size_t)grp * a.N, sz_ok);
+      cp_async4(st + zdst, z + (size_t)grp * (a.N >> 3), sz_ok);
+    }
+  }
+  __device__ __forceinline__ void load_x(uint32_t st, int kb, const BatchArgs& a) const {
     const bool k_ok = xk + kb * 128 < a.x_cols;
     const char* xkb = reinterpret_cast<const char*>(x + kb * 128);
 #pragma unroll
@@ -147,10 +158,24 @@ struct Loader {
         cp_async16(st + xdst + i * xstep, ok ? src : reinterpret_cast<const char*>(a.x), ok);
       }
     }
-    if (slot >= 0) {
-      const int grp = group_of_run(4u * kb + slot, a);
-      cp_async16(st + sdst, s + (size_t)grp * a.N, sz_ok);
-      cp_async4(st + zdst, z + (size_t)grp * (a.N >> 3), sz_ok);
+  }
+  __device__ __forceinline__ void load(uint32_t st, int kb, const BatchArgs& a, uint64_t policy) const {
+    load_constants(st, kb, a, policy);
+    load_x(st, kb, a);
+  }
+
+  // The first stages (0 .. stages - 1 below nkb), one cp.async group each: every stage's weights,
+  // scales and zeros are issued before pdl_wait, the activations after it, so that with PDL the
+  // weights stream in while the kernel before still runs. Group s holds stage s's activations
+  // (group 0 also every stage's constants), so waiting for group s still means stage s landed.
+  __device__ __forceinline__ void load_first(uint32_t smem0, int stage_bytes, int stages, int kb0, int nkb,
+                                             const BatchArgs& a, uint64_t policy) const {
+    for (int s = 0; s < stages; ++s)
+      if (s < nkb) load_constants(smem0 + s * stage_bytes, kb0 + s, a, policy);
+    pdl_wait();
+    for (int s = 0; s < stages; ++s) {
+      if (s < nkb) load_x(smem0 + s * stage_bytes, kb0 + s, a);
+      cp_async_commit();
     }
   }
 };
@@ -180,17 +205,40 @@ __device__ __forceinline__ void store_output(const BatchArgs& a, float v, int m,
   const float out = a.bias != nullptr ? v + __half2float(a.bias[n]) : v;
   a.y[(size_t)m * a.N + n] = __float2half_rn(out);
 }
+// y[m, n .. n + 3] likewise, one 8-byte store (n % 4 == 0; y is the launcher's own allocation and
+// N % 8 == 0, so it is aligned).
+__device__ __forceinline__ void store_output4(const BatchArgs& a, float4 v, int m, int n) {
+  const float f[4] = {v.x, v.y, v.z, v.w};
+  __align__(8) __half h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = __float2half_rn(a.bias != nullptr ? f[e] + __half2float(a.bias[n + e]) : f[e]);
+  *reinterpret_cast<uint2*>(a.y + (size_t)m * a.N + n) = *reinterpret_cast<const uint2*>(h);
+}
+__device__ __forceinline__ float4 add4(float4 u, float4 v) {
+  return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+}
 
-// Split-K, first half: store this block's fp32 partial tile to partial[split, m, n] and count the
-// block in on its output tile's counter; true in the last block to arrive, which then adds the
-// S partials in split order. counter: the output tile's split-K counter; m0: its first token
-// (token t of acc is row m0 + t).
+// A block's result without split-K, from the 256 MMA threads: acc's tile i starts at output row
+// row0 + step i, token t of acc is row m0 + t of x.
 template <int NT, int NB>
-__device__ __forceinline__ bool store_partial_is_last(float (&acc)[NT][NB][4], const BatchArgs& a, int counter,
-                                                      int split, int row0, int step, int lane, int m0) {
-  float* part = a.partial + (size_t)split * a.M * a.N;
+__device__ __forceinline__ void store_result(float (&acc)[NT][NB][4], const BatchArgs& a, int row0, int step, int lane,
+                                             int m0) {
   for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
     m += m0;
+    if (m < a.M && n < a.N) store_output(a, v, m, n);
+  });
+}
+
+// ---- split-K through global memory (the mma.sync kernel; the wgmma kernels reduce within a
+// cluster instead, gemm_w4a16_wgmma.cu) ----
+
+// First half: store this block's fp32 partial tile to partial[split, m, n] and count the block in
+// on its output tile's counter; true in the last block to arrive, which then adds the S partials.
+template <int NT, int NB>
+__device__ __forceinline__ bool store_partial_is_last(float (&acc)[NT][NB][4], const BatchArgs& a, int counter,
+                                                      int split, int row0, int step, int lane) {
+  float* part = a.partial + (size_t)split * a.M * a.N;
+  for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
     if (m < a.M && n < a.N) __stcg(part + (size_t)m * a.N + n, v);
   });
   __threadfence();  // this block's partial is visible device-wide before it counts itself in
@@ -202,54 +250,96 @@ __device__ __forceinline__ bool store_partial_is_last(float (&acc)[NT][NB][4], c
   return last;
 }
 
-// The block's result, from the 256 MMA threads (it has a barrier among them). Split-K (S > 1),
-// deterministic: each block writes its partial; the last block of a row range to arrive (an atomic
-// counter per output tile, zeroed by the caller and left zeroed) adds the S partials in split order
-// (its own read back too: no second set of registers), each split's values loaded together, adds
-// the bias and rounds once. The arrival order decides only who adds, never the order of the sum.
+// Second half, in the last block: y for tokens [0, kTokens) x rows [n0, n0 + kRows) of N from the
+// S partials, added in split order (whoever adds, the same bits), the bias in fp32, one rounding.
+// The 256 threads walk the tile in units of 4 consecutive n (16 bytes of a partial row: N % 8 == 0
+// and n0 % 8 == 0, so a unit lies wholly inside or outside N), 4 units a thread at a time with the
+// loads of 4 splits issued before the first add, so that many loads are in flight at once.
+template <int kTokens, int kRows>
+__device__ __forceinline__ void reduce_split_tile(const BatchArgs& a, int n0) {
+  constexpr int kUnitsPerRow = kRows / 4, kUnits = kTokens * kUnitsPerRow;
+  constexpr int kUnitsAtOnce = 4, kSplitsAtOnce = 4;
+  const size_t split_stride = (size_t)a.M * a.N;
+  for (int first = threadIdx.x; first < kUnits; first += kBatchThreads * kUnitsAtOnce) {
+    int row[kUnitsAtOnce], col[kUnitsAtOnce];
+    bool ok[kUnitsAtOnce];
+    float4 sum[kUnitsAtOnce];
+#pragma unroll
+    for (int u = 0; u < kUnitsAtOnce; ++u) {
+      const int idx = first + u * kBatchThreads;
+      row[u] = idx / kUnitsPerRow;
+      col[u] = n0 + 4 * (idx % kUnitsPerRow);
+      ok[u] = idx < kUnits && row[u] < a.M && col[u] < a.N;
+      sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int s0 = 0; s0 < a.splits; s0 += kSplitsAtOnce) {
+      float4 p[kSplitsAtOnce][kUnitsAtOnce];
+#pragma unroll
+      for (int j = 0; j < kSplitsAtOnce; ++j)
+#pragma unroll
+        for (int u = 0; u < kUnitsAtOnce; ++u)
+          p[j][u] = ok[u] && s0 + j < a.splits
+                        ? __ldcg(reinterpret_cast<const float4*>(a.partial + (s0 + j) * split_stride +
+                                                                  (size_t)row[u] * a.N + col[u]))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < kSplitsAtOnce; ++j)
+#pragma unroll
+        for (int u = 0; u < kUnitsAtOnce; ++u)
+          if (s0 + j < a.splits) sum[u] = s0 + j == 0 ? p[j][u] : add4(sum[u], p[j][u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnitsAtOnce; ++u)
+      if (ok[u]) store_output4(a, sum[u], row[u], col[u]);
+  }
+}
+
+// The mma.sync kernel's result. Its output tile is all tokens x rows [n0, n0 + 128 NT) of N (8
+// warps of NT 16-row tiles; acc's tile i starts at row row0 + step i). Split-K (S > 1),
+// deterministic: each block writes its partial; the last block of an output tile to arrive (an
+// atomic counter per tile, zeroed by the launch) adds the S partials in split order (its own read
+// back too: no second set of registers). The arrival order decides only who adds, never the order
+// of the sum.
 template <int NT, int NB>
 __device__ __forceinline__ void write_result(float (&acc)[NT][NB][4], const BatchArgs& a, int counter, int split,
-                                             int row0, int step, int lane) {
-  if (a.splits > 1) {
-    if (!store_partial_is_last(acc, a, counter, split, row0, step, lane, 0)) return;
-    for (int s = 0; s < a.splits; ++s) {
-      const float* ps = a.partial + (size_t)s * a.M * a.N;
-      for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
-        const float p = (m < a.M && n < a.N) ? __ldcg(ps + (size_t)m * a.N + n) : 0.f;
-        v = s == 0 ? p : v + p;
-      });
-    }
-    if (threadIdx.x == 0) a.counters[counter] = 0;  // left zeroed, as found
-  }
-  for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
-    if (m < a.M && n < a.N) store_output(a, v, m, n);
-  });
+                                             int row0, int step, int lane, int n0) {
+  if (a.splits == 1) return store_result(acc, a, row0, step, lane, 0);
+  if (store_partial_is_last(acc, a, counter, split, row0, step, lane)) reduce_split_tile<8 * NB, 128 * NT>(a, n0);
 }
 
 constexpr int64_t kSplitLatencyBytes = 20000;  // ~1 us of one SM's share of 3 TB/s
 
+// How a kernel adds its split-K partials: through global memory (the mma.sync kernel, up to 64
+// splits) or within a thread block cluster (the wgmma kernels, up to 8: gemm_w4a16_wgmma.cu).
+enum class SplitSum { kGlobal, kCluster };
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size
+
 // The split-K count (`requested`, or 0: from the model below) into plan->splits and
 // plan->kb_per_split. stage_bytes: what one block copies per k-block (weights, x, scales).
 inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int per_sm, int64_t stage_bytes,
-                        int64_t M, int rows, BatchPlan* plan) {
+                        int64_t M, int rows, SplitSum sum, BatchPlan* plan) {
+  const int most = sum == SplitSum::kCluster ? kMaxClusterSplits : 64;
   int best = 1;
   if (requested > 0) {
     best = requested < kblocks ? requested : kblocks;
+    best = best < most ? best : most;
   } else {
     // Bytes through the busiest SM: its blocks' stages (weights and activations), a pipeline fill
-    // of 3 stages per round of resident blocks, the split-K partials written and read back, and
-    // the last block's S dependent rounds of partial loads (an L2 round trip each, about what
-    // an SM streams in a microsecond at the copy rate).
+    // of 3 stages per round of resident blocks, and the split-K sum: through global memory the
+    // partials written and read back and the last block's S dependent rounds of partial loads (an
+    // L2 round trip each, about what an SM streams in a microsecond at the copy rate); within a
+    // cluster one read of the tile's partials and two cluster barriers.
     // Within 4% of the best measured split on the H100 (dev/LOG.md, batch kernel).
     int64_t best_cost = INT64_MAX;
-    for (int s = 1; s <= 64 && s <= kblocks; ++s) {
+    for (int s = 1; s <= most && s <= kblocks; ++s) {
       const int per = (kblocks + s - 1) / s;
       if ((kblocks + per - 1) / per != s) continue;  // the same split as a smaller s
       const int64_t blocks = (int64_t)row_blocks * s;
       const int64_t busiest = (blocks + sms - 1) / sms;
       const int64_t rounds = (blocks + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
-      const int64_t cost = busiest * per * stage_bytes + 3 * stage_bytes * rounds +
-                           (s > 1 ? busiest * M * rows * 8 + s * kSplitLatencyBytes : 0);
+      const int64_t split_cost = sum == SplitSum::kCluster ? busiest * M * rows * 4 + 2 * kSplitLatencyBytes
+                                                           : busiest * M * rows * 8 + s * kSplitLatencyBytes;
+      const int64_t cost = busiest * per * stage_bytes + 3 * stage_bytes * rounds + (s > 1 ? split_cost : 0);
       if (cost < best_cost) best_cost = cost, best = s;
     }
   }

@@ -48,7 +48,7 @@
 //   1 <= M <= 64 (w4cli.gpu.kernels.gemv sends it 9..64; 9..16 on Hopper, where the wgmma kernel
 //   takes more rows), N % 8 == 0, K % 8 == 0, K % G == 0,
 //   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32
-//   and counters [ceil(N / R)] int32 (zero) when S > 1.
+//   and counters [ceil(N / R)] int32 scratch when S > 1 (the launch zeroes them first).
 // Archs: sm_80+ (cp.async, mma.sync m16n8k16); tuned on sm_90.
 // Test: pytest -m gpu tests/test_batch_gpu.py.  Bench: w4 bench --batch 16,32,64.
 
@@ -58,6 +58,7 @@
 #include <cstdint>
 
 #include "batch_common.cuh"
+#include "launch.cuh"
 #include "int4_convert.cuh"
 #include "tensor_core.cuh"
 #include "w4_kernels.h"
@@ -196,11 +197,7 @@ __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_bat
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < T::kStages - 1; ++s) {
-    if (s < nkb) loader.load(smem0 + s * T::kStageBytes, kb0 + s, a, policy);
-    cp_async_commit();
-  }
+  loader.load_first(smem0, T::kStageBytes, T::kStages - 1, kb0, nkb, a, policy);
   for (int i = 0; i < nkb; ++i) {
     cp_async_wait<T::kStages - 2>();  // stage i has landed (this thread's copies)
     __syncthreads();                  // ... everyone's; and stage i - 1 is no longer read
@@ -211,7 +208,8 @@ __global__ void __launch_bounds__(kThreads, NB * NT <= 4 ? 2 : 1) gemm_w4a16_bat
   }
   cp_async_wait<0>();
 
-  write_result(acc, a, cb, split, cb * T::kRows + warp * NT * 16, 16, lane);
+  static_assert(T::kRows == 128 * NT, "write_result's tile");
+  write_result(acc, a, cb, split, cb * T::kRows + warp * NT * 16, 16, lane, cb * T::kRows);
 }
 
 using BatchKernel = void (*)(const BatchArgs);
@@ -289,7 +287,7 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   plan_splits(splits, kblocks, row_blocks, sms, per_sm, (int64_t)v.rows * 64 + 2048 * (M <= 16 ? 2 : M <= 32 ? 4 : 8),
-              M, v.rows, plan);
+              M, v.rows, SplitSum::kGlobal, plan);
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
   plan->tiles = tiles;
@@ -303,13 +301,11 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
 cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
-                                    const BatchPlan& plan, cudaStream_t stream) {
+                                    const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   if (plan.kernel == 3)
-    return launch_gemm_w4a16_ws(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G, plan,
-                                stream);
+    return launch_gemm_w4a16_ws(x, x_perm, qweight, qzeros, scales, bias, y, M, K, N, G, plan, pdl, stream);
   if (plan.kernel == 2)
-    return launch_gemm_w4a16_wgmma(x, x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G,
-                                   plan, stream);
+    return launch_gemm_w4a16_wgmma(x, x_perm, qweight, qzeros, scales, bias, y, M, K, N, G, plan, pdl, stream);
   Variant v;
   if (!shapes_ok(M, K, N, G) || !pick_variant(M, K, G, plan.tiles, &v) || v.rows != plan.rows ||
       plan.kernel != 1 || plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
@@ -317,9 +313,12 @@ cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* 
   BatchArgs a = batch_args(x, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
-  const dim3 grid(plan.row_blocks, plan.splits);
-  v.fn<<<grid, kThreads, v.smem, stream>>>(a);
-  return cudaGetLastError();
+  if (plan.splits > 1) {  // (a memset before it: then no PDL, which relates kernel to kernel)
+    const cudaError_t err = cudaMemsetAsync(counters, 0, sizeof(int) * plan.row_blocks, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return launch_kernel(v.fn, dim3(plan.row_blocks, plan.splits), dim3(kThreads), v.smem, stream,
+                       pdl && plan.splits == 1, 1, a);
 }
 
 }  // namespace w4

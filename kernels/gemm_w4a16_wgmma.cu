@@ -52,19 +52,31 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "batch_common.cuh"
 #include "int4_convert.cuh"
+#include "launch.cuh"
 #include "tensor_core.cuh"
 #include "w4_kernels.h"
 
 namespace w4 {
 namespace {
 
+// The x kernels (permute_x_kernel, tile_x_kernel) let the main kernel launch at once (PDL): it
+// copies its first stages' weights while they run.
+__device__ __forceinline__ void x_kernel_start() {
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous kernel's output
+}
+
 // One thread per 16-byte chunk of x_perm: chunk oc (0..15) of row m's 128-k block b holds the
 // fp16 pairs 16 t + oc (t = 0..3) of that block of x (the header's order, in pairs).
 __global__ void __launch_bounds__(256) permute_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xp,
                                                         int M, int K, int kblocks) {
+  x_kernel_start();
   const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
   if (idx >= (int64_t)M * kblocks * 16) return;
   const int oc = (int)(idx & 15);
@@ -175,6 +187,74 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
 }
 #endif
 
+// ---- split-K within a cluster (both kernels) ----
+// The S blocks of an output tile are one cluster of (1, S, 1) blocks, S <= kMaxClusterSplits,
+// cluster rank = split. Once its last k-block is done, each block leaves its fp32 partial tile in
+// its own shared memory (the stages are free by then) as [MT tokens][R + 4 rows] (the padding puts
+// the four token rows a warp's store touches on different banks). After a cluster barrier, block r
+// adds tokens [r MT / S, (r + 1) MT / S) of all S partials in split order, reading the others'
+// through distributed shared memory, and writes y (bias in fp32, one rounding); a second barrier
+// keeps every block's shared memory alive until the others have read it. Nothing goes through
+// global memory, and the bits of a sum do not depend on which block adds it.
+template <int MT, int R>
+struct SplitTile {
+  static constexpr int kStride = R + 4;  // floats per token row
+  static constexpr int kBytes = MT * kStride * 4;
+};
+
+#if defined(W4_HAS_WGMMA)
+// This thread's accumulators into the block's partial tile at `tile` (the stages' memory): the
+// caller has made sure every MMA thread's wgmmas have read their last stage. row0_local: acc's
+// tile 0's first row within the block's R rows.
+template <int MT, int R, int NT, int NB>
+__device__ __forceinline__ void store_split_partial(float (&acc)[NT][NB][4], float* tile, int row0_local, int step,
+                                                    int lane) {
+  for_each_output(acc, row0_local, step, lane,
+                  [&](float& v, int m, int n) { tile[m * SplitTile<MT, R>::kStride + n] = v; });
+}
+
+// Between the two cluster barriers, the 256 MMA threads of block `split`: its share of the tile's
+// sum, in units of 4 rows of one token, two units a thread at a time with every split's loads of
+// both issued before the adds (a read of another block's shared memory takes hundreds of cycles).
+// tile: the partial tile's shared address (the same offset in every block); m0, n0: the tile's
+// first token and row.
+template <int MT, int R>
+__device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_t tile, int split, int m0, int n0) {
+  constexpr int kUnitsPerRow = R / 4, kAtOnce = 2;
+  const int t0 = split * MT / a.splits, t1 = (split + 1) * MT / a.splits;
+  const int units = (t1 - t0) * kUnitsPerRow;
+  uint32_t src[kMaxClusterSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxClusterSplits; ++s) src[s] = s < a.splits ? cluster_smem_addr(tile, s) : 0u;
+  for (int first = threadIdx.x; first < units; first += kAtOnce * kBatchThreads) {
+    float4 p[kAtOnce][kMaxClusterSplits];
+    int m[kAtOnce], n[kAtOnce];
+    bool ok[kAtOnce];
+#pragma unroll
+    for (int j = 0; j < kAtOnce; ++j) {
+      const int u = first + j * kBatchThreads;
+      const int t = t0 + u / kUnitsPerRow, c = u % kUnitsPerRow;
+      m[j] = m0 + t;
+      n[j] = n0 + 4 * c;
+      ok[j] = u < units && m[j] < a.M && n[j] < a.N;
+      const uint32_t off = 4u * (t * SplitTile<MT, R>::kStride + 4 * c);
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s)
+        if (ok[j] && s < a.splits) p[j][s] = ld_cluster_f4(src[s] + off);
+    }
+#pragma unroll
+    for (int j = 0; j < kAtOnce; ++j) {
+      if (!ok[j]) continue;
+      float4 sum = p[j][0];
+#pragma unroll
+      for (int s = 1; s < kMaxClusterSplits; ++s)
+        if (s < a.splits) sum = add4(sum, p[j][s]);
+      store_output4(a, sum, m[j], n[j]);
+    }
+  }
+}
+#endif
+
 template <int MT, int NT>
 __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wgmma_kernel(const BatchArgs a) {
 #if defined(W4_HAS_WGMMA)
@@ -192,6 +272,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
   const uint64_t policy = evict_first_policy();
   const Loader<S> loader(a, cb);
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
+  pdl_launch_dependents();  // a kernel launched after this one with PDL waits (pdl_wait) before its reads
 
   float acc[NT][MT / 8][4];
 #pragma unroll
@@ -201,11 +282,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    if (s < nkb) loader.load(smem0 + s * S::kStageBytes, kb0 + s, a, policy);
-    cp_async_commit();
-  }
+  loader.load_first(smem0, S::kStageBytes, S::kStages - 1, kb0, nkb, a, policy);
   for (int i = 0; i < nkb; ++i) {
     cp_async_wait<S::kStages - 2>();  // stage i has landed (this thread's copies)
     fence_proxy_async_shared();       // ... and is visible to the tensor cores
@@ -217,7 +294,16 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
     wgmma_stage<S, NT>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
   }
   cp_async_wait<0>();
-  write_result(acc, a, cb, split, cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, 64, lane);
+  const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
+  if (a.splits == 1) return store_result(acc, a, row0, 64, lane, 0);
+  using T = SplitTile<MT, S::kRows>;
+  static_assert(T::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
+  __syncthreads();  // every warp's wgmmas have read their last stage
+  store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows, 64,
+                                    lane);
+  cluster_sync();
+  reduce_split_cluster<MT, S::kRows>(a, smem0, split, 0, cb * S::kRows);
+  cluster_sync();
 #endif
 }
 
@@ -247,6 +333,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 template <typename S, int MT = S::kTokens>
 __global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xt, int M,
                                                      int K, int kblocks, int64_t chunks) {
+  x_kernel_start();
   const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
   if (idx >= chunks) return;
   const int oc = (int)(idx & 15);
@@ -298,11 +385,13 @@ struct WsBarriers {
 };
 
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
-// starts the bulk copy of the x tile's first atom and one tensor copy of the block's 8-row weight
-// tiles at this k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one
-// box of `wmap`, rows past N zero-filled), expecting their bytes on full_a, and every lane copies its
-// scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals a phase);
-// once part B is released, lane 0 copies the second atom, expecting it on full_b.
+// expects its bytes on full_a and starts one tensor copy of the block's 8-row weight tiles at this
+// k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
+// rows past N zero-filled) and the bulk copy of the x tile's first atom; every lane copies its
+// scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals a phase).
+// Once part B is released, lane 0 copies the second atom, expecting it on full_b. The first
+// stages' weights, scales and zeros go out before pdl_wait (with PDL, while the kernel before
+// still runs), their activations after it.
 template <typename S>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
                                            const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
@@ -311,16 +400,13 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
   const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
-  for (int i = 0; i < nkb; ++i) {
-    const int s = i % S::kStages;
-    const uint32_t full = b.full_a + 8 * s, parity = ((i / S::kStages) + 1) & 1;
-    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    const uint32_t st = smem0 + s * S::kStageBytes;
+  // stage i's part A but its x atom: the expected bytes (x atom included), the weights, scales, zeros
+  auto constants = [&](int i) {
+    const uint32_t full = b.full_a + 8 * (i % S::kStages);
+    const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
     const int kb = kb0 + i;
-    const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
     if (lane == 0) {
       mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
-      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
     }
     // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
@@ -339,6 +425,19 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       }
     }
     mbar_arrive_cp_async(full);
+  };
+  for (int i = 0; i < nkb && i < S::kStages; ++i) constants(i);
+  pdl_wait();
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    if (i >= S::kStages) {
+      mbar_wait(b.empty_a + 8 * s, parity);
+      constants(i);
+    }
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const char* xsrc = xbase + (size_t)(kb0 + i) * (S::kTokens * 256);
+    if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
       mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
@@ -376,28 +475,13 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
   }
   wgmma_wait<0>();
   if (nkb > 0) mbar_arrive(b.empty_b + 8 * ((nkb - 1) % S::kStages));
-  const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16, m0 = mt * MT;
-  if (a.splits == 1) {
-    for_each_output(acc, row0, 64, lane, [&](float& v, int m, int n) {
-      m += m0;
-      if (m < a.M && n < a.N) store_output(a, v, m, n);
-    });
-    return;
-  }
-  // Split-K: the last block adds the tile's partials with the 256 threads walking it in rows of N
-  // (coalesced, and no second set of accumulator registers), each value's splits in split order.
-  const int counter = mt * gridDim.x + cb;
-  if (!store_partial_is_last(acc, a, counter, split, row0, 64, lane, m0)) return;
-  const size_t split_stride = (size_t)a.M * a.N;
-  for (int idx = threadIdx.x; idx < MT * S::kRows; idx += kBatchThreads) {
-    const int m = m0 + idx / S::kRows, n = cb * S::kRows + idx % S::kRows;
-    if (m >= a.M || n >= a.N) continue;
-    const float* p = a.partial + (size_t)m * a.N + n;
-    float v = __ldcg(p);
-    for (int s = 1; s < a.splits; ++s) v += __ldcg(p + s * split_stride);
-    store_output(a, v, m, n);
-  }
-  if (threadIdx.x == 0) a.counters[counter] = 0;  // left zeroed, as found
+  pdl_wait();  // (the producer waited before the activations; the writes wait too)
+  const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
+  if (a.splits == 1) return store_result(acc, a, row0, 64, lane, mt * MT);
+  static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
+  mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
+  store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows, 64,
+                                    lane);
 }
 #endif
 
@@ -414,6 +498,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   const uint32_t smem0 = (raw + 1023) & ~1023u;
   const uint8_t* smem = smem_raw + (smem0 - raw);
   const WsBarriers b(smem_u32(bars), S::kStages);
+  pdl_launch_dependents();  // a kernel launched after this one with PDL waits (pdl_wait) before its reads
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int cb = blockIdx.x;
@@ -431,12 +516,24 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     fence_mbar_init();
   }
   __syncthreads();
+  // Split-K: the cluster's sum (ws_consume left the partial tile), whose barriers every thread of
+  // the cluster passes; each role passes them in its own branch, so that no code past the branches
+  // is bound to the producer's 40 registers.
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kWsProducerRegs>();
     if (warp == kBatchWarps) ws_produce<S>(a, wmap, smem0, b, cb, mt, kb0, nkb, lane);
+    if (a.splits > 1) {
+      cluster_sync();
+      cluster_sync();
+    }
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
     ws_consume<S, NT>(a, smem, smem0, b, cb, split, mt, kb0, nkb, warp, lane);
+    if (a.splits > 1) {
+      cluster_sync();
+      reduce_split_cluster<MT, S::kRows>(a, smem0, split, mt * MT, cb * S::kRows);
+      cluster_sync();
+    }
   }
 #endif
 }
@@ -520,33 +617,76 @@ bool pick_ws_variant(int variant, WsVariant* v) {
   }
 }
 
-// Split-K only to fill SMs that would otherwise idle, and only over at least 32 k-blocks a split:
-// the partials of a compute-bound tile cost more than the bytes model of the other kernels
-// assumes (H100, 4096x4096 at M = 256: 100 us with its choice, 55 us with none).
+// Clusters of (1, size, 1) blocks of `fn` that fit on the GPU at once (0 if the driver cannot say),
+// asked once per device, kernel and size (the kernel's shared-memory attribute set first).
+int max_active_clusters(const void* fn, int threads, int smem, int size) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, int> known;
+  int device = 0;
+  cudaGetDevice(&device);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, fn, size);
+  const auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1, size, 1);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = 1;
+  attribute.val.clusterDim.y = static_cast<unsigned>(size);
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) {
+    cudaGetLastError();  // (clear it: the answer is "unknown")
+    clusters = 0;
+  }
+  known[key] = clusters;
+  return clusters;
+}
+
+// The most splits up to `splits` whose clusters (one per output tile, `tiles` of them) take no more
+// waves than the same blocks would on free SMs: a GPC whose SM count the cluster size does not
+// divide leaves SMs out, so 4 clusters of 32 may need two waves where 128 blocks need one.
+int fit_cluster_splits(const void* fn, int threads, int smem, int64_t tiles, int splits, int64_t blocks_per_wave) {
+  for (; splits > 1; --splits) {
+    const int64_t clusters = max_active_clusters(fn, threads, smem, splits);
+    if (clusters > 0 && (tiles + clusters - 1) / clusters <= (tiles * splits + blocks_per_wave - 1) / blocks_per_wave)
+      break;
+  }
+  return splits;
+}
+
+// Split-K only to fill SMs that would otherwise idle, and only over at least kWsSplitMinKblocks
+// k-blocks a split: below that the reduction outweighs the k-blocks it spreads.
+constexpr int kWsSplitMinKblocks = 8;
 int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
-  const int64_t want = blocks < sms ? sms / blocks : 1, cap = kblocks / 32;
+  const int64_t want = blocks < sms ? sms / blocks : 1;
+  const int64_t cap = kblocks / kWsSplitMinKblocks < kMaxClusterSplits ? kblocks / kWsSplitMinKblocks : kMaxClusterSplits;
   const int64_t splits = want < cap ? want : cap;
   return splits < 1 ? 1 : static_cast<int>(splits);
 }
 
 // The variant whose waves of blocks cost least: ceil(blocks x splits / SMs) x the block's MT x R
-// x (its k-blocks, plus 32 for a split-K reduction) x the variant's cost per unit of work once
-// every SM is busy (H100, 8192x28672 at M = 4096, relative to variant 5: smaller tiles pay more
-// conversion and shared-memory traffic per MMA; variant 2's is interpolated). Fitted to the H100
-// sweep of every variant at M = 96-4096 on seven Llama shapes (dev/LOG.md): it picks the fastest
-// in 40 of 49 cases and is at most 5% off (without the split term, at most 20%: 28672x8192 at
-// M = 128; with split-K counted as free, at most 90%).
+// x (its k-blocks, plus a split-K reduction's) x the variant's cost per unit of work once every
+// SM is busy (H100, 8192x28672 at M = 4096, relative to variant 5: smaller tiles pay more
+// conversion and shared-memory traffic per MMA; variant 2's is interpolated). A reduction counts
+// as S + kSplitBaseCost k-blocks: the last block reads S partial tiles, each about a k-block's
+// stage in bytes, and every block writes one.
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 170, 140, 122, 105, 100};
-  constexpr int64_t kSplitCost = 32;  // k-blocks' worth of work a split-K reduction adds
+  constexpr int64_t kSplitBaseCost = 2;
   const int kblocks = static_cast<int>((K + 127) / 128);
   int best = 5;
   int64_t best_cost = INT64_MAX;
   for (int v = 5; v >= 1; --v) {  // ties go to the larger tile
     const int64_t blocks = (N + kRows[v] - 1) / kRows[v] * ((M + kTokens[v] - 1) / kTokens[v]);
     const int splits = ws_auto_splits(blocks, kblocks, sms);
-    const int64_t per_block = (kblocks + splits - 1) / splits + (splits > 1 ? kSplitCost : 0);
+    const int64_t per_block = (kblocks + splits - 1) / splits + (splits > 1 ? splits + kSplitBaseCost : 0);
     const int64_t cost = (blocks * splits + sms - 1) / sms * kTokens[v] * kRows[v] * kCost[v] * per_block;
     if (cost < best_cost) best_cost = cost, best = v;
   }
@@ -573,8 +713,13 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   per_sm = per_sm < 1 ? 1 : per_sm;
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
-  plan_splits(splits, kblocks, row_blocks, sms, per_sm, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256, M,
-              v.rows, plan);
+  const int64_t stage_bytes = (int64_t)v.rows * 64 + (int64_t)v.tokens * 256;
+  plan_splits(splits, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
+  if (splits == 0) {
+    const int fit = fit_cluster_splits(reinterpret_cast<const void*>(v.fn), kBatchThreads, v.smem, row_blocks,
+                                       plan->splits, (int64_t)sms * per_sm);
+    if (fit != plan->splits) plan_splits(fit, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
+  }
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
   plan->tiles = tiles;
@@ -586,24 +731,23 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
 }
 
 cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
-                                    const void* scales, const void* bias, void* y, float* partial, int* counters,
-                                    int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
-                                    cudaStream_t stream) {
+                                    const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
+                                    int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WgVariant v;
   if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || x_perm == nullptr || plan.x_cols != (K + 127) / 128 * 128 ||
-      (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
+      plan.splits < 1 || plan.splits > kMaxClusterSplits || x_perm == nullptr || plan.x_cols != (K + 127) / 128 * 128)
     return cudaErrorInvalidValue;
-  BatchArgs a = batch_args(x_perm, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
+  BatchArgs a = batch_args(x_perm, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
   a.x_stride = a.x_cols = plan.x_cols;
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
   const int64_t chunks = M * a.kblocks * 16;
-  permute_x_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(
-      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_perm), a.M, a.K, a.kblocks);
-  const dim3 grid(plan.row_blocks, plan.splits);
-  v.fn<<<grid, kBatchThreads, v.smem, stream>>>(a);
-  return cudaGetLastError();
+  const cudaError_t err = launch_kernel(permute_x_kernel, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256),
+                                        0, stream, pdl, 1, static_cast<const uint32_t*>(x), static_cast<uint4*>(x_perm),
+                                        a.M, a.K, a.kblocks);
+  if (err != cudaSuccess) return err;
+  return launch_kernel(v.fn, dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), v.smem, stream, true, plan.splits,
+                       a);
 }
 
 
@@ -621,9 +765,13 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
-  if (splits == 0) splits = ws_auto_splits((int64_t)row_blocks * m_tiles, kblocks, sms);
+  if (splits == 0) {
+    const int64_t tiles = (int64_t)row_blocks * m_tiles;
+    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn), kWsThreads, v.smem, tiles,
+                                ws_auto_splits(tiles, kblocks, sms), sms);
+  }
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
-              M < v.tokens ? M : v.tokens, v.rows, plan);
+              M < v.tokens ? M : v.tokens, v.rows, SplitSum::kCluster, plan);
   plan->row_blocks = row_blocks;
   plan->m_tiles = m_tiles;
   plan->rows = v.rows;
@@ -635,28 +783,27 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
 }
 
 cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qweight, const int32_t* qzeros,
-                                 const void* scales, const void* bias, void* y, float* partial, int* counters,
-                                 int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
-                                 cudaStream_t stream) {
+                                 const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
+                                 int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WsVariant v;
-  if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows || plan.splits < 1 ||
-      x_tiles == nullptr || plan.x_cols != (K + 127) / 128 * 128 || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
-      plan.x_rows != plan.m_tiles * v.tokens || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))
+  if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows ||
+      plan.splits < 1 || plan.splits > kMaxClusterSplits || x_tiles == nullptr || plan.x_cols != (K + 127) / 128 * 128 ||
+      plan.m_tiles != (M + v.tokens - 1) / v.tokens || plan.x_rows != plan.m_tiles * v.tokens)
     return cudaErrorInvalidValue;
-  BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, partial, counters, M, K, N, G);
+  BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
   a.x_stride = a.x_cols = plan.x_cols;
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
   a.m_tiles = plan.m_tiles;
-  const int64_t chunks = (int64_t)plan.x_rows * a.kblocks * 16;
-  v.tile_x<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(
-      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);
   CUtensorMap wmap;
-  const cudaError_t err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, &wmap);
+  cudaError_t err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, &wmap);
   if (err != cudaSuccess) return err;
-  const dim3 grid(plan.row_blocks, plan.splits, plan.m_tiles);
-  v.fn<<<grid, kWsThreads, v.smem, stream>>>(a, wmap);
-  return cudaGetLastError();
+  const int64_t chunks = (int64_t)plan.x_rows * a.kblocks * 16;
+  err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
+                      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);
+  if (err != cudaSuccess) return err;
+  return launch_kernel(v.fn, dim3(plan.row_blocks, plan.splits, plan.m_tiles), dim3(kWsThreads), v.smem, stream, true,
+                       plan.splits, a, wmap);
 }
 
 }  // namespace w4

@@ -84,6 +84,7 @@
 #include <cstdint>
 
 #include "int4_convert.cuh"
+#include "launch.cuh"
 #include "tensor_core.cuh"
 #include "w4_kernels.h"
 
@@ -606,17 +607,7 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   a.kb_per_warp = kb_per_warp;
   a.order_mask = 0;
   a.kb_per_group = groups == 1 ? kblocks + 1 : (G % 128 == 0 ? static_cast<int>(G / 128) : 1);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(tiles);
-  config.blockDim = dim3(warps * 32);
-  config.dynamicSmemBytes = (size_t)warps * smem_per_warp;
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, fn, a);
+  return launch_kernel(fn, dim3(tiles), dim3(warps * 32), (size_t)warps * smem_per_warp, stream, pdl, 1, a);
 }
 
 }  // namespace w4

@@ -234,10 +234,11 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
 }
 
 // x [M, K] fp16, M <= 128 (64 on mma.sync, 65536 on the warp-specialised kernel); the layer; bias -> y [M, N] fp16.
-// splits, tiles: 0 = automatic; kernel: 1 = mma.sync, 2 = wgmma, 3 = warp-specialised wgmma (w4_kernels.h).
+// splits, tiles: 0 = automatic; kernel: 1 = mma.sync, 2 = wgmma, 3 = warp-specialised wgmma; pdl: programmatic
+// dependent launch (w4_kernels.h).
 at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                               const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
-                              int64_t splits, int64_t tiles, int64_t kernel) {
+                              int64_t splits, int64_t tiles, int64_t kernel, bool pdl) {
   const void* bias_ptr = nullptr;
   TORCH_CHECK(kernel >= 1 && kernel <= 3,
               msg("batch: kernel must be 1 (mma.sync), 2 (wgmma) or 3 (warp-specialised wgmma), got ", kernel));
@@ -256,17 +257,17 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
               ", splits=", splits, ", tiles=", tiles, ", kernel=", kernel, " on this GPU: ",
               cudaGetErrorString(err)));
   at::Tensor partial, counters, x_perm;
-  if (plan.splits > 1) {
+  if (plan.kernel == 1 && plan.splits > 1) {  // the wgmma kernels add their splits within a cluster
     partial = at::empty({plan.splits, M, s.N}, x.options().dtype(at::kFloat));
-    counters = at::zeros({(int64_t)plan.row_blocks * plan.m_tiles}, x.options().dtype(at::kInt));
+    counters = at::empty({(int64_t)plan.row_blocks}, x.options().dtype(at::kInt));
   }
   if (plan.kernel != 1) x_perm = at::empty({plan.x_rows, plan.x_cols}, x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   err = w4::launch_gemm_w4a16_batch(
       x.data_ptr(), plan.kernel != 1 ? x_perm.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
       qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr, y.data_ptr(),
-      plan.splits > 1 ? partial.data_ptr<float>() : nullptr,
-      plan.splits > 1 ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, stream);
+      partial.defined() ? partial.data_ptr<float>() : nullptr,
+      counters.defined() ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, pdl, stream);
   TORCH_CHECK(err == cudaSuccess, msg("batch: kernel launch failed: ", cudaGetErrorString(err),
               " (M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G, ", splits=", plan.splits, ")"));
   return y;
@@ -296,7 +297,8 @@ void register_gemv(py::module_& m) {
   m.def("gemm_w4_batch", &gemm_w4_batch_impl,
         "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, one read of W per tile of tokens",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
-        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0, py::arg("kernel") = 1);
+        py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0, py::arg("kernel") = 1,
+        py::arg("pdl") = false);
   m.def("dequantize_w4_gemv", &dequantize_w4_gemv_impl,
         "w4-gemv layer -> fp16 weight [N, K], bit-exact", py::arg("qweight"), py::arg("qzeros"),
         py::arg("scales"), py::arg("k"));

@@ -192,6 +192,30 @@ __device__ __forceinline__ uint64_t evict_normal_policy() {
   return policy;
 }
 
+// ---- thread block clusters (sm_90): the blocks of a cluster run at once and read each other's
+// shared memory (distributed shared memory) ----
+// Every thread of the cluster's blocks arrives, then waits for all the others: shared-memory writes
+// before it (release) are visible to every block of the cluster after it (acquire). Not .aligned:
+// warps that took different roles reach it from different code.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// The address, in the cluster's shared window, of the same offset in block `rank`'s shared memory.
+__device__ __forceinline__ uint32_t cluster_smem_addr(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+// (No "memory" clobber: the cluster barriers around such reads order them, and the compiler may
+// then schedule them together.)
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+
 // Registers per thread of this warpgroup from here on (a multiple of 8, 24..256); the kernel needs a
 // register cap at entry (__launch_bounds__(threads, 1)).
 template <int N>

@@ -46,10 +46,12 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 // chooses by M), its tiling (`tiles`, 0 = by shape: row tiles per warp or warpgroup for kernels
 // 1 and 2, the variant 1..5 of kernel 3, gemm_w4a16_wgmma.cu's pick_ws_variant) and the split-K
 // count (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix both to cover each).
-// The caller then provides, when plan.splits > 1, partial [splits, M, N] fp32 and counters
-// [plan.row_blocks * plan.m_tiles] int32 zeroed (the kernel leaves them zeroed), and for kernels 2
-// and 3 x_perm [plan.x_rows, plan.x_cols] fp16 scratch. Both return cudaErrorInvalidValue for
-// arguments they cannot handle.
+// The caller then provides, for kernel 1 when plan.splits > 1, partial [splits, M, N] fp32 and
+// counters [plan.row_blocks] int32 scratch (the launch zeroes the counters; kernels 2 and 3 add
+// their split-K partials within a thread block cluster and need neither), and for kernels 2 and 3
+// x_perm [plan.x_rows, plan.x_cols] fp16 scratch. `pdl`: as launch_gemv_w4a16's (kernels 2 and 3
+// also start their main kernel under their own x kernel that way, always). Both return
+// cudaErrorInvalidValue for arguments they cannot handle.
 constexpr int64_t kBatchMaxM = 64;
 constexpr int64_t kWgmmaMaxM = 128;
 constexpr int64_t kWsMaxM = 65536;
@@ -64,20 +66,18 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
 cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
-                                    const BatchPlan& plan, cudaStream_t stream);
+                                    const BatchPlan& plan, bool pdl, cudaStream_t stream);
 // The wgmma kernels' own plans and launches, called by the two above.
 cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
                                   BatchPlan* plan);
 cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
-                                    const void* scales, const void* bias, void* y, float* partial, int* counters,
-                                    int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
-                                    cudaStream_t stream);
+                                    const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
+                                    int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream);
 cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
                                BatchPlan* plan);
 cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qweight, const int32_t* qzeros,
-                                 const void* scales, const void* bias, void* y, float* partial, int* counters,
-                                 int64_t M, int64_t K, int64_t N, int64_t G, const BatchPlan& plan,
-                                 cudaStream_t stream);
+                                 const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
+                                 int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream);
 
 // ---- dequantize (w4 GEMV layout), kernels/dequant_w4_gemv.cu ----
 //

@@ -133,10 +133,62 @@ def test_every_output_written(kernels):
             assert_exact(kernels._batch(x, **layer, splits=splits), ref)
 
 
+def test_split_counters_start_from_garbage(kernels):
+    # the mma.sync kernel's split-K counters are scratch its launch zeroes (a memset): a block the
+    # allocator hands back full of old values must not matter (the wgmma kernels have no counters:
+    # they add their splits within a cluster)
+    layer = make_layer(4096, 520, 128, seed=6, exact=True)
+    x = activations(40, 4096, seed=6, exact=True)
+    ref = w4_gemv.gemv_reference(x, **layer)
+    for splits in (2, 5):
+        for _ in range(3):
+            poison = torch.full((128,), 3, dtype=torch.int32, device=DEV)  # a 512-byte block, the counters' size
+            del poison
+            assert_exact(kernels._batch(x, **layer, splits=splits, kernel=1), ref)
+
+
+@pytest.mark.parametrize("kernel,m", [(2, 40), (2, 128), (3, 100), (3, 300)])
+def test_every_cluster_size(kernels, kernel, m):
+    # split-K in clusters of S = 1..8 blocks: each block adds an uneven share of the tile's tokens
+    # (S = 3, 5, 6, 7), in split order, so every S gives the reference's bits
+    kernel_or_skip(kernel)
+    layer = make_layer(2048, 1032, 128, seed=m, exact=True)
+    x = activations(m, 2048, seed=m, exact=True)
+    bias = exact_bias(1032, m)
+    ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
+    for splits in range(1, 9):
+        assert_exact(kernels._batch(x, **layer, bias=bias, splits=splits, kernel=kernel), ref)
+
+
+@pytest.mark.parametrize("m", [20, 40, 100, 300])
+def test_pdl_chain_in_a_graph(kernels, m):
+    # with pdl=True each layer's kernels start under the previous kernel (Hopper): activations are
+    # read only once written, so a chain of layers in one graph gives the bits of plain launches,
+    # also when the input changes between replays (a read too early would see the old values)
+    first = make_layer(4096, 4096, 128, seed=7, exact=False)
+    second = make_layer(4096, 4096, 128, seed=8, exact=False)
+    x = activations(m, 4096, seed=m, exact=False)
+
+    def chain(pdl: bool) -> torch.Tensor:
+        return kernels.gemv(kernels.gemv(x, **first, pdl=pdl), **second, pdl=pdl)
+
+    chain(True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    for seed in range(3):
+        x.copy_(activations(m, 4096, seed=1000 + seed, exact=False))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(bits(out), bits(chain(False)))
+
+
 @pytest.mark.parametrize("kernel", [1, 2, 3])
 def test_cuda_graph_capture_with_splits(kernels, kernel):
-    # the split-K counters are allocated zeroed inside the capture (a memset node) on every
-    # replay; the wgmma kernels' permuted activations are rewritten on every replay too
+    # the mma.sync kernel's split-K counters are zeroed inside the capture (a memset node) on every
+    # replay, the wgmma kernels' clusters launch in it; the permuted activations are rewritten every
+    # replay too
     kernel_or_skip(kernel)
     layer = make_layer(4096, 520, 128, seed=5, exact=True)
     ref = None

@@ -216,8 +216,7 @@ def test_module_reimports_cleanly():
 def test_gemv_paths_by_batch_size_and_shape():
     from w4cli.gpu import kernels
     from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, GEMV_TILE_M, TINY_LAYER_DEQUANT_M,
-                                    WGMMA_MIN_M, WS_LARGE_LAYER, WS_MIN_M, WS_PATH_MAX_M, WS_WIDE_MIN_M,
-                                    WS_WIDE_N)
+                                    WGMMA_MIN_M, WS_LARGE_LAYER, WS_MIN_M, WS_PATH_MAX_M)
 
     big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
@@ -236,13 +235,9 @@ def test_gemv_paths_by_batch_size_and_shape():
     assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big, wgmma=False) == "dequant+cuBLAS"
     assert kernels.gemv_path(BATCH_CHUNKED_MAX_M + 1, *big) == "dequant+cuBLAS"
     assert kernels.gemv_path(WGMMA_MIN_M, 4096, 6144, wgmma=True) == "wgmma"
-    assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=True) == "wgmma"
+    assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=True) == "wgmma ws"
     assert kernels.gemv_path(WS_MIN_M - 1, *big, wgmma=True) == "wgmma"
-    gate_up = (4096, 2 * WS_WIDE_N)  # wide layers take it from WS_WIDE_MIN_M rows
-    assert kernels.gemv_path(WS_WIDE_MIN_M - 1, *gate_up, wgmma=True) == "wgmma"
-    assert kernels.gemv_path(WS_WIDE_MIN_M, *gate_up, wgmma=True) == "wgmma ws"
-    assert kernels.gemv_path(WS_WIDE_MIN_M, 4096, WS_WIDE_N, wgmma=True) == "wgmma ws"
-    assert kernels.gemv_path(WS_WIDE_MIN_M, *gate_up, wgmma=False) == "batch"
+    assert kernels.gemv_path(WS_MIN_M, *big, wgmma=False) == "batch"
     wide = (4096, 14336)
     for m in (WS_MIN_M, WS_PATH_MAX_M):  # one launch, where it beats dequantize + cuBLAS
         for shape in (big, wide, medium):

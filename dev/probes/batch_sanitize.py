@@ -33,7 +33,7 @@ for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136,
             for tiles in ((only or range(1, 6)) if kernel == 3 else (1, 2)):
                 if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
                     continue  # no such variant (the planner's tables)
-                for splits in (1, 3):
+                for splits in (1, 3, 6):
                     out = kernels._batch(x, **layer, splits=splits, tiles=tiles, kernel=kernel)
                     errors = gemv_errors(out.cpu(), x.cpu(), weight)
                     if not errors.passed:

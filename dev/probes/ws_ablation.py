@@ -3,6 +3,7 @@ time, timed on the bench's harness (lab only: the ablated kernels compute wrong 
 output is checked here).
 
     PYTHONPATH=. python3 dev/probes/ws_ablation.py [--shapes 8192x28672] [--m 1024,4096] [--variants 3,5]
+        [--splits 0] [--kernel 3] [--builds base,noscale,...]
 
 Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     base       the kernel as shipped
@@ -14,6 +15,8 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     nosz       no scale and zero copies (cp.async) after the first stages
     nox        no activation copies after the first stages
     now        no weight copies after the first stages
+    noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
+               but nothing added or written (the warp-specialised kernel only)
 """
 
 from __future__ import annotations
@@ -53,12 +56,18 @@ NOCONVERT = """#pragma unroll
       }"""
 LOOP = """  for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
-    const uint32_t full = b.full_a + 8 * s, parity = ((i / S::kStages) + 1) & 1;"""
-NODATA = LOOP + """
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
     if (i >= S::kStages) {
       mbar_wait(b.empty_a + 8 * s, parity);
-      if (lane == 0) mbar_arrive_expect_tx(full, 0);
-      mbar_arrive(full);
+      constants(i);
+    }"""
+NODATA = """  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    if (i >= S::kStages) {
+      mbar_wait(b.empty_a + 8 * s, parity);
+      if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
+      mbar_arrive(b.full_a + 8 * s);
       mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
       continue;
@@ -68,34 +77,36 @@ SZ_LOOP = """      if (slot < a.run_slots) {
         const int n0 = cb * S::kRows + 8 * c;"""
 NOSZ = """      if (slot < a.run_slots && i < S::kStages) {
         const int n0 = cb * S::kRows + 8 * c;"""
-XA = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
-      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);"""
-NOXA = """      mbar_arrive_expect_tx(full, (i < S::kStages ? kAtom : 0) + kTiles8 * 512);
-      if (i < S::kStages) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);"""
+XA = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);"""
+NOXA = """      mbar_arrive_expect_tx(full, (i < S::kStages ? kAtom : 0) + kTiles8 * 512);"""
+XA2 = """    if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);"""
+NOXA2 = """    if (lane == 0 && i < S::kStages) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);"""
 XB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
       bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
 NOXB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);
       if (i < S::kStages) bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
 W = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
-      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       tensor_copy_3d_g2s("""
 NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 512 : 0));
-      bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, full, xpolicy);
       if (i < S::kStages) tensor_copy_3d_g2s("""
+SPLIT = """      reduce_split_cluster<MT, S::kRows>(a, smem0, split, mt * MT, cb * S::kRows);
+"""
+NOREDUCE = ""
 
-BUILDS = {
+BUILDS = {  # name: [(file, old, new)]
     "base": [],
-    "noscale": [(CONVERT, NOSCALE)],
-    "noconvert": [(CONVERT, NOCONVERT)],
-    "nodata": [(LOOP, NODATA)],
-    "mma_only": [(CONVERT, NOCONVERT), (LOOP, NODATA)],
-    "nosz": [(SZ_LOOP, NOSZ)],
-    "nox": [(XA, NOXA), (XB, NOXB)],
-    "now": [(W, NOW)],
+    "noscale": [(KERNEL, CONVERT, NOSCALE)],
+    "noconvert": [(KERNEL, CONVERT, NOCONVERT)],
+    "nodata": [(KERNEL, LOOP, NODATA)],
+    "mma_only": [(KERNEL, CONVERT, NOCONVERT), (KERNEL, LOOP, NODATA)],
+    "nosz": [(KERNEL, SZ_LOOP, NOSZ)],
+    "nox": [(KERNEL, XA, NOXA), (KERNEL, XA2, NOXA2), (KERNEL, XB, NOXB)],
+    "now": [(KERNEL, W, NOW)],
+    "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
 }
 
 
-def build(name: str, patches: list[tuple[str, str]]):
+def build(name: str, patches: list[tuple[str, str, str]]):
     from torch.utils import cpp_extension
 
     root = Path("/tmp/w4_ablation") / name
@@ -103,11 +114,10 @@ def build(name: str, patches: list[tuple[str, str]]):
     if src.exists():
         shutil.rmtree(src)
     shutil.copytree(kernels.KERNEL_DIR, src)
-    text = (src / KERNEL).read_text()
-    for old, new in patches:
-        assert text.count(old) == 1, f"{name}: patch target not found once"
-        text = text.replace(old, new)
-    (src / KERNEL).write_text(text)
+    for file, old, new in patches:
+        text = (src / file).read_text()
+        assert text.count(old) == 1, f"{name}: patch target not found once in {file}"
+        (src / file).write_text(text.replace(old, new))
     arch = "90a"
     return cpp_extension.load(
         name=f"w4_ablation_{name}",
@@ -126,6 +136,8 @@ def main() -> int:
     ap.add_argument("--m", default="1024,4096")
     ap.add_argument("--variants", default="3,5")
     ap.add_argument("--builds", default=",".join(BUILDS))
+    ap.add_argument("--splits", default="0", help="split-K counts to run (0 = the planner's)")
+    ap.add_argument("--kernel", type=int, default=3, help="3 = warp-specialised (--variants), 2 = cp.async wgmma (--variants = its tiles)")
     args = ap.parse_args()
     mods = {}
     for name in args.builds.split(","):
@@ -139,14 +151,16 @@ def main() -> int:
         for m in (int(v) for v in args.m.split(",")):
             flops = 2 * m * k * n
             for variant in (int(v) for v in args.variants.split(",")):
-                row = []
-                for name, mod in mods.items():
-                    def run(x, qw, qz, s, mod=mod, variant=variant):
-                        return mod.gemm_w4_batch(x, qw, qz, s, None, 0, variant, 3)
-                    t = timing.measure(run, lambda i: (layer.x(m, i), *layer.gemv(i)), 0, lambda out, a: True,
-                                       name=f"{name}")
-                    row.append(f"{name} {t.median_us:.1f} us ({flops / t.median_us / 1e6:.0f} TFLOP/s)")
-                print(f"{shape} M={m} variant {variant}: " + " | ".join(row), flush=True)
+                for splits in (int(v) for v in args.splits.split(",")):
+                    row = []
+                    for name, mod in mods.items():
+                        def run(x, qw, qz, s, mod=mod, variant=variant, splits=splits):
+                            return mod.gemm_w4_batch(x, qw, qz, s, None, splits, variant, args.kernel)
+                        t = timing.measure(run, lambda i: (layer.x(m, i), *layer.gemv(i)), 0, lambda out, a: True,
+                                           name=f"{name}")
+                        row.append(f"{name} {t.median_us:.1f} us ({flops / t.median_us / 1e6:.0f} TFLOP/s)")
+                    print(f"{shape} M={m} kernel {args.kernel} variant {variant} splits {splits}: " + " | ".join(row),
+                          flush=True)
     return 0
 
 

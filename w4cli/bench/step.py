@@ -21,7 +21,7 @@ from w4cli.bench.shapes import Linear, ModelShapes
 
 FP16 = "fp16"
 W4 = "w4"
-W4_PDL = "w4_pdl"  # w4 with programmatic dependent launch (the GEMV's; kernels.gemv(pdl=True))
+W4_PDL = "w4_pdl"  # w4 with programmatic dependent launch (kernels.gemv(pdl=True))
 BREAKDOWN_METHODS = (FP16, W4_PDL)  # each layer kind timed on its own: fp16 and w4 at its fastest
 MEMORY_SHARE = 0.7  # of the free GPU memory, for one method's weights
 W4_STD_CODE = 6.5  # std of (q - z) for uniform codes and zero points in 0..15: sqrt(2 * 255 / 12)

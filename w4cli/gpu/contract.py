@@ -36,12 +36,9 @@ WGMMA_MIN_M = 17
 WGMMA_MAX_M = 128
 # from WS_MIN_M rows, the warp-specialised wgmma kernel (a producer warp feeding the MMA warps
 # through the bulk and tensor copy engines): any M up to WS_MAX_M in one launch, one read of the
-# weight per tile of up to WS_TILE_M tokens
-WS_MIN_M = 65
-# ... and from WS_WIDE_MIN_M rows on layers at least WS_WIDE_N wide (gate/up projections), where
-# one tile of 64 tokens already beats the cp.async kernel (H100: 8192x28672 at M = 33, 65 against 77 us)
-WS_WIDE_MIN_M = 33
-WS_WIDE_N = 14336
+# weight per tile of up to WS_TILE_M tokens; from 33 rows it beats the cp.async wgmma kernel on
+# six of the seven Llama shapes (H100, dev/LOG.md; 4096x6144 loses 1 us of 16)
+WS_MIN_M = 33
 WS_MAX_M = 65536
 WS_TILE_M = 256  # the most tokens in one of its tiles
 # where it is the path (H100, docs/performance.md): up to WS_PATH_MAX_M rows on every layer larger

@@ -54,8 +54,6 @@ from w4cli.gpu.contract import (
     WS_MIN_M,
     WS_LARGE_LAYER,
     WS_PATH_MAX_M,
-    WS_WIDE_MIN_M,
-    WS_WIDE_N,
 )
 from w4cli.errors import EnvironmentUnavailable
 
@@ -318,8 +316,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists),
     "wgmma" (the cp.async wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
-    capability 9.0, from WS_WIDE_MIN_M on layers at least WS_WIDE_N wide, and where it beats
-    dequantize + cuBLAS: up to WS_PATH_MAX_M rows, and beyond on
+    capability 9.0 where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows, and beyond on
     layers of at least WS_LARGE_LAYER weights), "batch xC" (C launches of at most 64 rows, each
     reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
@@ -332,7 +329,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
         return "gemv"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
-    if wgmma and (m >= WS_MIN_M or (m >= WS_WIDE_MIN_M and n >= WS_WIDE_N)):
+    if wgmma and m >= WS_MIN_M:
         if m <= WS_PATH_MAX_M or k * n >= WS_LARGE_LAYER:
             return "wgmma ws"
         return "dequant+cuBLAS"
@@ -364,8 +361,9 @@ def gemv(
         meta: accepted so that `gemv(x, **layer)` works; not read (K comes from x, N and G from
             the tensor shapes), so no device-to-host copy happens here.
         bias: optional [N] float16, added in fp32 before the single rounding to fp16.
-        pdl: launch the GEMV (its path, `gemv_path`) with programmatic dependent launch: it starts fetching its
-            weights while the previous kernel in the stream finishes (Hopper; the same bits).
+        pdl: launch the path's kernels (`gemv_path`: the GEMV or a batch kernel) with programmatic dependent
+            launch: they start fetching weights while the previous kernel in the stream finishes (Hopper; the
+            same bits).
     The kernel is chosen by M (`gemv_path`). Every path matches w4_gemv.gemv_reference(x, ...)
     within w4cli.gpu.checks' bound, and the two fused kernels give it bit for bit on exact data (the
     GEMV's scale-after-mma path with G % 128 == 0 and K >= 4096 skips the weight's fp16 rounding:
@@ -385,8 +383,8 @@ def gemv(
             scales = scales.clone()  # the batch kernels copy scales 16 bytes at a time
         kernel, rows = {"wgmma ws": (3, x.shape[0]), "wgmma": (2, WGMMA_MAX_M)}.get(path, (1, BATCH_MAX_M))
         if x.shape[0] <= rows:
-            return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0, kernel)
-        return torch.cat([mod.gemm_w4_batch(x[i : i + rows].contiguous(), qweight, qzeros, scales, bias, 0, 0, kernel)
+            return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0, kernel, pdl)
+        return torch.cat([mod.gemm_w4_batch(x[i : i + rows].contiguous(), qweight, qzeros, scales, bias, 0, 0, kernel, pdl)
                           for i in range(0, x.shape[0], rows)], dim=0)
     weight = mod.dequantize_w4_gemv(qweight, qzeros, scales, x.shape[1])
     return torch.nn.functional.linear(x, weight, bias)
