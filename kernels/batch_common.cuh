@@ -335,8 +335,11 @@ inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int
       const int per = (kblocks + s - 1) / s;
       if ((kblocks + per - 1) / per != s) continue;  // the same split as a smaller s
       const int64_t blocks = (int64_t)row_blocks * s;
-      const int64_t busiest = (blocks + sms - 1) / sms;
       const int64_t rounds = (blocks + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
+      // Blocks that share an SM: the mma.sync kernel's split them its bytes; the wgmma kernel's
+      // (M <= 32: two an SM) each run about as fast as one alone, being bound by latency, not by
+      // the SM's bytes (H100, 28672x8192 at M = 32: 3 splits 75 us, 2 splits 108 us).
+      const int64_t busiest = sum == SplitSum::kCluster ? rounds : (blocks + sms - 1) / sms;
       const int64_t split_cost = sum == SplitSum::kCluster ? busiest * M * rows * 4 + 2 * kSplitLatencyBytes
                                                            : busiest * M * rows * 8 + s * kSplitLatencyBytes;
       const int64_t cost = busiest * per * stage_bytes + 3 * stage_bytes * rounds + (s > 1 ? split_cost : 0);

@@ -49,8 +49,9 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 // The caller then provides, for kernel 1 when plan.splits > 1, partial [splits, M, N] fp32 and
 // counters [plan.row_blocks] int32 scratch (the launch zeroes the counters; kernels 2 and 3 add
 // their split-K partials within a thread block cluster and need neither), and for kernels 2 and 3
-// x_perm [plan.x_rows, plan.x_cols] fp16 scratch. `pdl`: as launch_gemv_w4a16's (kernels 2 and 3
-// also start their main kernel under their own x kernel that way, always). Both return
+// x_perm [plan.x_rows, plan.x_cols] fp16 scratch. `pdl`: as launch_gemv_w4a16's, for kernels 2 and 3
+// (which also start their main kernel under their own x kernel that way, always); kernel 1 ignores
+// it (gemm_w4a16_batch.cu says why). Both return
 // cudaErrorInvalidValue for arguments they cannot handle.
 constexpr int64_t kBatchMaxM = 64;
 constexpr int64_t kWgmmaMaxM = 128;
