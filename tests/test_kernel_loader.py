@@ -225,7 +225,8 @@ def test_gemv_paths_by_batch_size_and_shape():
         assert kernels.gemv_path(GEMV_TILE_M + 1, *big, wgmma=wgmma) == "batch"
         for m in (GEMV_TILE_M + 1, GEMV_MAX_M):  # latency-bound layers: the GEMV's token tiles
             assert kernels.gemv_path(m, *small, wgmma=wgmma) == "gemv"
-            assert kernels.gemv_path(m, *medium, wgmma=wgmma) == "gemv"
+        assert kernels.gemv_path(2 * GEMV_TILE_M, *medium, wgmma=wgmma) == "gemv"
+        assert kernels.gemv_path(2 * GEMV_TILE_M + 1, *medium, wgmma=wgmma) != "gemv"
         assert kernels.gemv_path(2 * GEMV_TILE_M, 4096, 6144, wgmma=wgmma) == "gemv"
         assert kernels.gemv_path(2 * GEMV_TILE_M + 1, 4096, 6144, wgmma=wgmma) == ("wgmma" if wgmma else "batch")
         assert kernels.gemv_path(WGMMA_MIN_M - 1, *big, wgmma=wgmma) == "batch"

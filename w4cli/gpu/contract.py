@@ -25,9 +25,8 @@ GEMV_MAX_M = 32  # rows of x per GEMV launch (four token tiles share each weight
 BATCH_MAX_M = 64  # rows of x per mma.sync batch-kernel launch
 # Past one token tile the GEMV (one read of the weight, no staging) beats the batch kernels on
 # latency-bound layers (H100, docs/performance.md): up to two tiles on layers of at most
-# GEMV_MEDIUM_LAYER weights, up to GEMV_MAX_M rows on layers of at most SMALL_LAYER
+# GEMV_MEDIUM_LAYER weights, up to GEMV_MAX_M rows on layers of at most TINY_LAYER (below)
 GEMV_MEDIUM_LAYER = 4096 * 6144
-SMALL_LAYER = 4096 * 4096
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
 # Hopper (compute capability 9.0): the wgmma batch kernel from this M (below it the mma.sync one

@@ -46,7 +46,6 @@ from w4cli.gpu.contract import (
     GEMV_MEDIUM_LAYER,
     GEMV_TILE_M,
     OUT_DTYPES,
-    SMALL_LAYER,
     TINY_LAYER,
     TINY_LAYER_DEQUANT_M,
     WGMMA_MAX_M,
@@ -312,7 +311,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     """The kernel `gemv` runs for M rows of activations on a K x N layer, in words (what `w4 gemv`
     prints): "gemv" (the GEMV, one launch: M <= 8, and past that on latency-bound layers, where
     the batch kernels' staging costs more than it saves: M <= 16 on layers of at most
-    GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most SMALL_LAYER), "batch" (the
+    GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most TINY_LAYER), "batch" (the
     mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists),
     "wgmma" (the cp.async wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
@@ -325,7 +324,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     on the H100 (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
-    if m <= GEMV_TILE_M or (m <= 2 * GEMV_TILE_M and k * n <= GEMV_MEDIUM_LAYER) or (m <= GEMV_MAX_M and k * n <= SMALL_LAYER):
+    if m <= GEMV_TILE_M or (m <= 2 * GEMV_TILE_M and k * n <= GEMV_MEDIUM_LAYER) or (m <= GEMV_MAX_M and k * n <= TINY_LAYER):
         return "gemv"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
