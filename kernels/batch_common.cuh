@@ -164,17 +164,19 @@ struct Loader {
     load_x(st, kb, a);
   }
 
-  // The first stages (0 .. stages - 1 below nkb), one cp.async group each: every stage's weights,
-  // scales and zeros are issued before pdl_wait, the activations after it, so that with PDL the
-  // weights stream in while the kernel before still runs. Group s holds stage s's activations
-  // (group 0 also every stage's constants), so waiting for group s still means stage s landed.
+  // The first stages (0 .. stages - 1 below nkb), one cp.async group each, as `load` issues them,
+  // but stage 0's weights, scales and zeros before pdl_wait (with PDL, while the kernel before
+  // still runs). Only stage 0's: the later stages' weights ahead of the first activations would
+  // hold those back (ws_produce says by how much).
   __device__ __forceinline__ void load_first(uint32_t smem0, int stage_bytes, int stages, int kb0, int nkb,
                                              const BatchArgs& a, uint64_t policy) const {
-    for (int s = 0; s < stages; ++s)
-      if (s < nkb) load_constants(smem0 + s * stage_bytes, kb0 + s, a, policy);
+    if (nkb > 0) load_constants(smem0, kb0, a, policy);
     pdl_wait();
     for (int s = 0; s < stages; ++s) {
-      if (s < nkb) load_x(smem0 + s * stage_bytes, kb0 + s, a);
+      if (s < nkb) {
+        if (s > 0) load_constants(smem0 + s * stage_bytes, kb0 + s, a, policy);
+        load_x(smem0 + s * stage_bytes, kb0 + s, a);
+      }
       cp_async_commit();
     }
   }

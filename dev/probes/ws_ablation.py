@@ -57,13 +57,12 @@ NOCONVERT = """#pragma unroll
 LOOP = """  for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
     const uint32_t parity = ((i / S::kStages) + 1) & 1;
-    if (i >= S::kStages) {
-      mbar_wait(b.empty_a + 8 * s, parity);
-      constants(i);
-    }"""
+    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+    if (i > 0) constants(i);"""
 NODATA = """  for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
     const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    if (i > 0 && i < S::kStages) constants(i);
     if (i >= S::kStages) {
       mbar_wait(b.empty_a + 8 * s, parity);
       if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
