@@ -255,7 +255,9 @@ __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_
 }
 #endif
 
-template <int MT, int NT>
+// kSplit: split-K (S > 1, launched in clusters of S blocks); a kernel of its own, so that the
+// cluster code is in no kernel launched without clusters.
+template <int MT, int NT, bool kSplit>
 __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wgmma_kernel(const BatchArgs a) {
 #if defined(W4_HAS_WGMMA)
   using S = WgStage<MT, NT>;
@@ -295,15 +297,17 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
   }
   cp_async_wait<0>();
   const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
-  if (a.splits == 1) return store_result(acc, a, row0, 64, lane, 0);
-  using T = SplitTile<MT, S::kRows>;
-  static_assert(T::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
-  __syncthreads();  // every warp's wgmmas have read their last stage
-  store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows, 64,
-                                    lane);
-  cluster_sync();
-  reduce_split_cluster<MT, S::kRows>(a, smem0, split, 0, cb * S::kRows);
-  cluster_sync();
+  if constexpr (!kSplit) {
+    store_result(acc, a, row0, 64, lane, 0);
+  } else {
+    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
+    __syncthreads();  // every warp's wgmmas have read their last stage
+    store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows,
+                                      64, lane);
+    cluster_sync();
+    reduce_split_cluster<MT, S::kRows>(a, smem0, split, 0, cb * S::kRows);
+    cluster_sync();
+  }
 #endif
 }
 
@@ -453,7 +457,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
 // The MMA warps: per k-block, wait for the stage to land, convert and multiply it (wgmma_stage),
 // releasing its part A once words 0 and 1 are done and the previous stage's part B once its
 // wgmmas are; then the output.
-template <typename S, int NT, int MT = S::kTokens>
+template <typename S, int NT, bool kSplit, int MT = S::kTokens>
 __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
                                            int cb, int split, int mt, int kb0, int nkb, int warp, int lane) {
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
@@ -477,17 +481,21 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
   if (nkb > 0) mbar_arrive(b.empty_b + 8 * ((nkb - 1) % S::kStages));
   pdl_wait();  // (the producer waited before the activations; the writes wait too)
   const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
-  if (a.splits == 1) return store_result(acc, a, row0, 64, lane, mt * MT);
-  static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
-  mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
-  store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows, 64,
-                                    lane);
+  if constexpr (!kSplit) {
+    store_result(acc, a, row0, 64, lane, mt * MT);
+  } else {
+    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
+    mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
+    store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows,
+                                      64, lane);
+  }
 }
 #endif
 
 // grid (ceil(N / R), S, m_tiles), kWsThreads threads, S::kSmem bytes of dynamic shared memory;
 // wmap: the weights' tensor map (weight_tensor_map).
-template <int MT, int NT>
+// kSplit: as the cp.async kernel's.
+template <int MT, int NT, bool kSplit>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
                                                                       const __grid_constant__ CUtensorMap wmap) {
 #if defined(W4_HAS_WGMMA)
@@ -522,14 +530,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kWsProducerRegs>();
     if (warp == kBatchWarps) ws_produce<S>(a, wmap, smem0, b, cb, mt, kb0, nkb, lane);
-    if (a.splits > 1) {
+    if constexpr (kSplit) {
       cluster_sync();
       cluster_sync();
     }
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
-    ws_consume<S, NT>(a, smem, smem0, b, cb, split, mt, kb0, nkb, warp, lane);
-    if (a.splits > 1) {
+    ws_consume<S, NT, kSplit>(a, smem, smem0, b, cb, split, mt, kb0, nkb, warp, lane);
+    if constexpr (kSplit) {
       cluster_sync();
       reduce_split_cluster<MT, S::kRows>(a, smem0, split, mt * MT, cb * S::kRows);
       cluster_sync();
@@ -540,12 +548,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
 
 struct WgVariant {
   void (*fn)(const BatchArgs);
+  void (*fn_split)(const BatchArgs);
   int rows, smem, tokens;
 };
 
 template <int MT, int NT>
 WgVariant wg_variant() {
-  return {gemm_w4a16_wgmma_kernel<MT, NT>, WgStage<MT, NT>::kRows, WgStage<MT, NT>::kSmem, MT};
+  return {gemm_w4a16_wgmma_kernel<MT, NT, false>, gemm_w4a16_wgmma_kernel<MT, NT, true>, WgStage<MT, NT>::kRows,
+          WgStage<MT, NT>::kSmem, MT};
 }
 
 bool pick_wg_variant(int64_t M, int tiles, WgVariant* v) {
@@ -570,6 +580,7 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 
 struct WsVariant {
   void (*fn)(const BatchArgs, const CUtensorMap);
+  void (*fn_split)(const BatchArgs, const CUtensorMap);
   void (*tile_x)(const uint32_t*, uint4*, int, int, int, int64_t);
   int rows, smem, tokens;
 };
@@ -577,7 +588,8 @@ struct WsVariant {
 template <int MT, int NT>
 WsVariant ws_variant() {
   using S = WsStage<MT, NT>;
-  return {gemm_w4a16_ws_kernel<MT, NT>, tile_x_kernel<S>, S::kRows, S::kSmem, S::kTokens};
+  return {gemm_w4a16_ws_kernel<MT, NT, false>, gemm_w4a16_ws_kernel<MT, NT, true>, tile_x_kernel<S>, S::kRows, S::kSmem,
+          S::kTokens};
 }
 
 // The w4-gemv qweight as the tensor copy engine sees it: int32 [N/8 tiles][kblocks][128] (a tile's
@@ -707,6 +719,7 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(v.fn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn, kBatchThreads, v.smem);
   if (err != cudaSuccess) return err;
@@ -716,7 +729,7 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   const int64_t stage_bytes = (int64_t)v.rows * 64 + (int64_t)v.tokens * 256;
   plan_splits(splits, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
   if (splits == 0) {
-    const int fit = fit_cluster_splits(reinterpret_cast<const void*>(v.fn), kBatchThreads, v.smem, row_blocks,
+    const int fit = fit_cluster_splits(reinterpret_cast<const void*>(v.fn_split), kBatchThreads, v.smem, row_blocks,
                                        plan->splits, (int64_t)sms * per_sm);
     if (fit != plan->splits) plan_splits(fit, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
   }
@@ -746,8 +759,8 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* 
                                         0, stream, pdl, 1, static_cast<const uint32_t*>(x), static_cast<uint4*>(x_perm),
                                         a.M, a.K, a.kblocks);
   if (err != cudaSuccess) return err;
-  return launch_kernel(v.fn, dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), v.smem, stream, true, plan.splits,
-                       a);
+  return launch_kernel(plan.splits > 1 ? v.fn_split : v.fn, dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads),
+                       v.smem, stream, true, plan.splits, a);
 }
 
 
@@ -760,14 +773,15 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   if (variant == 0) variant = default_ws_variant(M, K, N, sms);
   WsVariant v;
   if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
-  const cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(v.fn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
   if (splits == 0) {
     const int64_t tiles = (int64_t)row_blocks * m_tiles;
-    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn), kWsThreads, v.smem, tiles,
+    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn_split), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
   }
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
@@ -802,7 +816,8 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qw
   err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
                       static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);
   if (err != cudaSuccess) return err;
-  return launch_kernel(v.fn, dim3(plan.row_blocks, plan.splits, plan.m_tiles), dim3(kWsThreads), v.smem, stream, true,
+  return launch_kernel(plan.splits > 1 ? v.fn_split : v.fn, dim3(plan.row_blocks, plan.splits, plan.m_tiles),
+                       dim3(kWsThreads), v.smem, stream, true,
                        plan.splits, a, wmap);
 }
 
