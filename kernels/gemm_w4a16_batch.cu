@@ -35,10 +35,11 @@
 // 16-byte B fragment from shared memory and runs 2 mma per tile. Shared-memory reads of x per
 // byte of weight: 2 NB / NT, which is what NT buys at larger M.
 //
-// Split-K (S > 1) reduction, deterministic (batch_common.cuh, shared with the wgmma kernel): each
-// block writes its fp32 partial tile to partial[split, m, n]; the last block of a row range to
-// arrive adds the S partials in split order, adds the bias and rounds once. The arrival order
-// decides only who adds, never the order of the sum.
+// Split-K (S > 1) reduction, deterministic (batch_common.cuh; the wgmma kernels add theirs within a
+// cluster instead, which sm_80 lacks): each block writes its fp32 partial tile to
+// partial[split, m, n]; the last block of a row range to arrive adds the S partials in split order,
+// adds the bias and rounds once. The arrival order decides only who adds, never the order of the
+// sum.
 //
 // Launch shape: grid (ceil(N / R), S), block 256 threads, dynamic shared memory 4 stages of 21-35
 // KB. NB = ceil(M / 8) rounded up to 2, 4 or 8; NT (1 or 2) and S are chosen by

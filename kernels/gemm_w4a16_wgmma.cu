@@ -1,6 +1,6 @@
 // gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout) on Hopper's
 // warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header; the
-// path from M = 17 to 64),
+// path from M = 17 to 32),
 // and the warp-specialised kernel for any M (its own header, "the warp-specialised kernel" below).
 // gemm_w4a16_batch.cu is the same computation on mma.sync for sm_80+; on Hopper mma.sync issues
 // too slowly to keep up with HBM from M = 32 up.
@@ -36,11 +36,16 @@
 // applied per weight) and issues 2 wgmma m64nMTk16 per tile (steps 2 j, 2 j + 1) with B at the
 // step's 32-byte column of the atom; conversion of word j + 1 overlaps the wgmma of word j. The
 // warp waits for its wgmmas before the next barrier, which frees the stage for refilling.
-// Split-K and the output: batch_common.cuh (deterministic, in split order).
+// Split-K: the S blocks of a row range are one thread block cluster and add their partials
+// through distributed shared memory ("split-K within a cluster" below; deterministic, in split
+// order). The x kernel starts the GEMM early (PDL): its first stage's weights are copied while
+// x_perm is still being written, its activations after pdl_wait.
 //
-// Launch shape: permute_x_kernel, then grid (ceil(N / R), S), block 256 threads, dynamic shared
-// memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB; MT = M rounded up to
-// 16, 32, 64 or 128; NT and S by plan_gemm_w4a16_wgmma (the batch kernel's byte model).
+// Launch shape: permute_x_kernel, then grid (ceil(N / R), S) in clusters of (1, S, 1) (S <= 8),
+// block 256 threads, dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to
+// 1 KB) + 1 KB; MT = M rounded up to 16, 32, 64 or 128; NT and S by plan_gemm_w4a16_wgmma (the
+// batch kernel's byte model, in waves of resident blocks, S fitted to the clusters that run at
+// once).
 // Constraints (checked by kernels/ops.cpp and the launcher): as gemm_w4a16_batch.cu, with
 // 1 <= M <= 128, and x_perm [M, Kp] fp16 scratch from the caller.
 // Archs: sm_90a only (the kernels compile elsewhere to an empty body the launcher never runs).
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
   if constexpr (!kSplit) {
     store_result(acc, a, row0, 64, lane, 0);
   } else {
-    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
+    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits");
     __syncthreads();  // every warp's wgmmas have read their last stage
     store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows,
                                       64, lane);
@@ -315,16 +320,17 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 //
 // Same numerics and k order as above. A block owns a tile of R = 128 NT rows of N and MT = 64, 128
 // or 256 tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1) and a range of k-blocks
-// (split-K as batch_common.cuh). Warps 0-7 are two MMA warpgroups (wgmma_stage, m64nMT, one per
-// m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-8 stages
+// (split-K in clusters, as the cp.async kernel). Warps 0-7 are two MMA warpgroups (wgmma_stage,
+// m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-8 stages
 // (as many as fit) through the bulk copy engine (activations), the tensor copy engine (weights:
 // one box a stage, where 512-byte bulk copies per 8-row tile left the MMA warps waiting) and
 // cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
 // (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
 // flight across stage boundaries.
 // Launch shape: tile_x_kernel (x -> x_tiles [m_tiles, kblocks, MT x 256 B], the stages' swizzled
-// images), then grid (ceil(N / R), S, m_tiles), 384 threads, dynamic shared memory kStages x
-// (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB opt-in at MT = 256), 1 block/SM.
+// images), then (PDL) grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1), 384 threads,
+// dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
+// opt-in at MT = 256), 1 block/SM.
 // Constraints: as the cp.async kernel, with 1 <= M <= 65536 and x_tiles [m_tiles x MT, Kp] fp16
 // scratch; plan_gemm_w4a16_ws picks the variant and S (see its comments). The weights' tensor map
 // is encoded per launch (weight_tensor_map) and passed by value.
@@ -484,7 +490,7 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
   if constexpr (!kSplit) {
     store_result(acc, a, row0, 64, lane, mt * MT);
   } else {
-    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits in the stages");
+    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits");
     mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
     store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows,
                                       64, lane);
@@ -677,7 +683,7 @@ int fit_cluster_splits(const void* fn, int threads, int smem, int64_t tiles, int
 constexpr int kWsSplitMinKblocks = 8;
 int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
   const int64_t want = blocks < sms ? sms / blocks : 1;
-  const int64_t cap = kblocks / kWsSplitMinKblocks < kMaxClusterSplits ? kblocks / kWsSplitMinKblocks : kMaxClusterSplits;
+  const int64_t by_k = kblocks / kWsSplitMinKblocks, cap = by_k < kMaxClusterSplits ? by_k : kMaxClusterSplits;
   const int64_t splits = want < cap ? want : cap;
   return splits < 1 ? 1 : static_cast<int>(splits);
 }
@@ -686,8 +692,8 @@ int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
 // x (its k-blocks, plus a split-K reduction's) x the variant's cost per unit of work once every
 // SM is busy (H100, 8192x28672 at M = 4096, relative to variant 5: smaller tiles pay more
 // conversion and shared-memory traffic per MMA; variant 2's is interpolated). A reduction counts
-// as S + kSplitBaseCost k-blocks: the last block reads S partial tiles, each about a k-block's
-// stage in bytes, and every block writes one.
+// as S + kSplitBaseCost k-blocks: each block stores its partial tile, the cluster's barriers wait
+// for its slowest block, and the blocks read S slices of a tile about a k-block's stage in bytes.
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 170, 140, 122, 105, 100};
@@ -731,7 +737,8 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   if (splits == 0) {
     const int fit = fit_cluster_splits(reinterpret_cast<const void*>(v.fn_split), kBatchThreads, v.smem, row_blocks,
                                        plan->splits, (int64_t)sms * per_sm);
-    if (fit != plan->splits) plan_splits(fit, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
+    if (fit != plan->splits)
+      plan_splits(fit, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
   }
   plan->row_blocks = row_blocks;
   plan->rows = v.rows;
@@ -801,8 +808,9 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qw
                                  int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WsVariant v;
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || plan.splits > kMaxClusterSplits || x_tiles == nullptr || plan.x_cols != (K + 127) / 128 * 128 ||
-      plan.m_tiles != (M + v.tokens - 1) / v.tokens || plan.x_rows != plan.m_tiles * v.tokens)
+      plan.splits < 1 || plan.splits > kMaxClusterSplits || x_tiles == nullptr ||
+      plan.x_cols != (K + 127) / 128 * 128 || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
+      plan.x_rows != plan.m_tiles * v.tokens)
     return cudaErrorInvalidValue;
   BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
   a.x_stride = a.x_cols = plan.x_cols;
