@@ -166,8 +166,8 @@ struct Loader {
 
   // The first stages (0 .. stages - 1 below nkb), one cp.async group each, as `load` issues them,
   // but stage 0's weights, scales and zeros before pdl_wait (with PDL, while the kernel before
-  // still runs). Only stage 0's: the later stages' weights ahead of the first activations would
-  // hold those back (ws_produce says by how much).
+  // still runs). Only stage 0's: the later stages' weights queued ahead of the first activations
+  // could hold those back (ws_produce says why).
   __device__ __forceinline__ void load_first(uint32_t smem0, int stage_bytes, int stages, int kb0, int nkb,
                                              const BatchArgs& a, uint64_t policy) const {
     if (nkb > 0) load_constants(smem0, kb0, a, policy);

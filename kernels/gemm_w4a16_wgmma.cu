@@ -402,8 +402,8 @@ struct WsBarriers {
 // Once part B is released, lane 0 copies the second atom, expecting it on full_b. The first
 // stage's weights, scales and zeros go out before pdl_wait (with PDL, while the kernel before
 // still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
-// nanosecond, so every stage's weights ahead of the first activations would hold those back by
-// microseconds (8192x28672 at M = 64: 73 us against 67).
+// nanosecond, so every stage's weights queued ahead of the first activations could hold those back
+// by microseconds.
 template <typename S>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
                                            const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
