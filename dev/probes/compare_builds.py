@@ -8,32 +8,11 @@ the bench's harness at the same shapes and M, alternating, outputs checked again
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
-
-import torch
 
 from w4cli.bench import cases
 from w4cli.gpu import kernels, timing
-
-
-def build(name: str, src: Path):
-    from torch.utils import cpp_extension
-
-    root = Path("/tmp/w4_compare") / name
-    tree = root / "kernels"
-    if tree.exists():
-        shutil.rmtree(tree)
-    shutil.copytree(src, tree)
-    return cpp_extension.load(
-        name=f"w4_compare_{name}",
-        sources=[str(p) for p in kernels.build_sources(tree)],
-        build_directory=str(root),
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
-        extra_include_paths=[str(tree)],
-        verbose=False,
-    )
+from ws_ablation import build_tree  # dev/probes, this script's folder
 
 
 def main() -> int:
@@ -43,9 +22,9 @@ def main() -> int:
     ap.add_argument("--m", default="64,1024")
     ap.add_argument("--kernel", type=int, default=3)
     args = ap.parse_args()
-    mods = {"shipped": build("shipped", kernels.KERNEL_DIR)}
+    mods = {"shipped": build_tree("shipped", kernels.KERNEL_DIR)}
     for d in args.others:
-        mods[Path(d).name] = build(Path(d).name, Path(d))
+        mods[Path(d).name] = build_tree(Path(d).name, Path(d))
     copy = timing.copy_bandwidth()
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))

@@ -105,26 +105,27 @@ BUILDS = {  # name: [(file, old, new)]
 }
 
 
-def build(name: str, patches: list[tuple[str, str, str]]):
+def build_tree(name: str, src: Path, patches: list[tuple[str, str, str]] = ()):
+    """A copy of the kernel tree `src` in /tmp/w4_ablation/<name>, patched, JIT-built for sm_90a."""
     from torch.utils import cpp_extension
 
     root = Path("/tmp/w4_ablation") / name
-    src = root / "kernels"
-    if src.exists():
-        shutil.rmtree(src)
-    shutil.copytree(kernels.KERNEL_DIR, src)
+    tree = root / "kernels"
+    if tree.exists():
+        shutil.rmtree(tree)
+    shutil.copytree(src, tree)
     for file, old, new in patches:
-        text = (src / file).read_text()
+        text = (tree / file).read_text()
         assert text.count(old) == 1, f"{name}: patch target not found once in {file}"
-        (src / file).write_text(text.replace(old, new))
+        (tree / file).write_text(text.replace(old, new))
     arch = "90a"
     return cpp_extension.load(
         name=f"w4_ablation_{name}",
-        sources=[str(p) for p in kernels.build_sources(src)],
+        sources=[str(p) for p in kernels.build_sources(tree)],
         build_directory=str(root),
         extra_cflags=["-O3"],
         extra_cuda_cflags=["-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-lineinfo"],
-        extra_include_paths=[str(src)],
+        extra_include_paths=[str(tree)],
         verbose=False,
     )
 
@@ -141,7 +142,7 @@ def main() -> int:
     mods = {}
     for name in args.builds.split(","):
         t = time.time()
-        mods[name] = build(name, BUILDS[name])
+        mods[name] = build_tree(name, kernels.KERNEL_DIR, BUILDS[name])
         print(f"built {name} in {time.time() - t:.0f}s", flush=True)
     print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     for shape in args.shapes.split(","):
