@@ -331,7 +331,8 @@ inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int
     // partials written and read back and the last block's S dependent rounds of partial loads (an
     // L2 round trip each, about what an SM streams in a microsecond at the copy rate); within a
     // cluster one read of the tile's partials and two cluster barriers.
-    // Within 4% of the best measured split on the H100 (dev/LOG.md, batch kernel).
+    // H100 (dev/LOG.md): through global memory within 4% of the best measured split (mma.sync
+    // kernel); within a cluster within 2% on 18 of 21 cells at M = 17-32 (cp.async wgmma kernel).
     int64_t best_cost = INT64_MAX;
     for (int s = 1; s <= most && s <= kblocks; ++s) {
       const int per = (kblocks + s - 1) / s;
