@@ -51,8 +51,8 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 // their split-K partials within a thread block cluster and need neither), and for kernels 2 and 3
 // x_perm [plan.x_rows, plan.x_cols] fp16 scratch. `pdl`: as launch_gemv_w4a16's, for kernels 2 and 3
 // (which also start their main kernel under their own x kernel that way, always); kernel 1 ignores
-// it (gemm_w4a16_batch.cu says why). Both return
-// cudaErrorInvalidValue for arguments they cannot handle.
+// it (gemm_w4a16_batch.cu says why). Both return cudaErrorInvalidValue for arguments they cannot
+// handle.
 constexpr int64_t kBatchMaxM = 64;
 constexpr int64_t kWgmmaMaxM = 128;
 constexpr int64_t kWsMaxM = 65536;
