@@ -318,8 +318,8 @@ cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* 
     const cudaError_t err = cudaMemsetAsync(counters, 0, sizeof(int) * plan.row_blocks, stream);
     if (err != cudaSuccess) return err;
   }
-  // Without PDL whatever the caller asks: launched under the GEMV of the layer before (Llama-3-8B's
-  // decode step at M = 16, H100), its waiting blocks made the step 15% slower (dev/LOG.md).
+  // Without PDL whatever the caller asks: launched under the GEMV of the layer before, its blocks
+  // would sit waiting on SMs (Llama-3-8B's decode step at M = 16 is 15% slower on the H100 so).
   (void)pdl;
   return launch_kernel(v.fn, dim3(plan.row_blocks, plan.splits), dim3(kThreads), v.smem, stream, false, 1, a);
 }
