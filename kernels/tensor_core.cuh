@@ -216,6 +216,15 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   return v;
 }
 
+// Four 8x8 fp16 matrices from mma-fragment registers (lane l holds row l / 4, columns 2 (l % 4)
+// and 2 (l % 4) + 1 of each, the lower column in the low half) into shared memory transposed: row
+// j of matrix q's transpose (its column j) is 16 bytes at the address lane 8 q + j gives.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Registers per thread of this warpgroup from here on (a multiple of 8, 24..256); the kernel needs a
 // register cap at entry (__launch_bounds__(threads, 1)).
 template <int N>

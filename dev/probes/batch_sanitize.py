@@ -4,7 +4,10 @@ misaligned accesses, uninitialised reads) without the test harness around it:
     compute-sanitizer --tool memcheck python3 dev/probes/batch_sanitize.py
     compute-sanitizer --tool initcheck python3 dev/probes/batch_sanitize.py
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py
-    compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py 6 7 8 9 10   (those kernel-3 variants only)
+    compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py 1 3 5   (those kernel-3 variants only)
+    compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py kernels=2,3 splits=1 m=17,100,300
+
+kernels=, splits=, m= narrow the sweep (racecheck runs each launch hundreds of times slower).
 
 Checks each output against the reference too, so a run that the tool lets through still fails
 loudly on a wrong result.
@@ -20,20 +23,24 @@ from w4cli.formats import awq_gemm, w4_gemv
 
 gen = torch.Generator().manual_seed(0)
 wgmma = kernels.has_wgmma()
-only = [int(v) for v in sys.argv[1:]]  # kernel-3 variants to run alone
+only = [int(v) for v in sys.argv[1:] if v.isdigit()]  # kernel-3 variants to run alone
+narrow = dict(v.split("=") for v in sys.argv[1:] if "=" in v)
+kernel_set = [int(v) for v in narrow.get("kernels", "3" if only else "1,2,3").split(",")]
+split_set = [int(v) for v in narrow.get("splits", "1,3,6").split(",")]
+m_set = [int(v) for v in narrow.get("m", "9,17,33,64,100,128,300").split(",")]
 bad = 0
 for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32)]:
     layer = w4_gemv.repack_from_awq(*(t.cuda() for t in awq_gemm.random_layer(k, n, g, gen)))
     weight = w4_gemv.dequantize(**layer, dtype=torch.float16).cpu()
-    for m in (9, 17, 33, 64, 100, 128, 300):
+    for m in m_set:
         x = torch.randn(m, k, generator=gen).half().cuda()
-        for kernel in ((3,) if only else (1, 2, 3)):
+        for kernel in kernel_set:
             if (kernel == 1 and m > 64) or (kernel == 2 and m > 128) or (kernel > 1 and not wgmma):
                 continue
             for tiles in ((only or range(1, 6)) if kernel == 3 else (1, 2)):
                 if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
                     continue  # no such variant (the planner's tables)
-                for splits in (1, 3, 6):
+                for splits in split_set:
                     out = kernels._batch(x, **layer, splits=splits, tiles=tiles, kernel=kernel)
                     errors = gemv_errors(out.cpu(), x.cpu(), weight)
                     if not errors.passed:

@@ -17,6 +17,9 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     now        no weight copies after the first stages
     noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
                but nothing added or written (the warp-specialised kernel only)
+    nostore    no output stores (the warp-specialised kernel without split-K): the epilogue's cost
+    notilex    no tile_x_kernel before the GEMM (it reads whatever x_tiles holds): the x kernel's
+               share of a call, PDL overlap included
 """
 
 from __future__ import annotations
@@ -91,6 +94,12 @@ NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 5
 SPLIT = """      reduce_split_cluster<MT, S::kRows>(a, smem0, split, mt * MT, cb * S::kRows);
 """
 NOREDUCE = ""
+STORE = """    store_result_tile<MT, S::kRows>(acc, a, smem, smem0, row0 - cb * S::kRows, lane, cb * S::kRows, mt * MT);"""
+NOSTORE = """    if (acc[0][0][0] == 1234567.f)
+      store_result_tile<MT, S::kRows>(acc, a, smem, smem0, row0 - cb * S::kRows, lane, cb * S::kRows, mt * MT);"""
+TILEX = """  err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
+                      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);"""
+NOTILEX = """  err = chunks > 0 ? cudaSuccess : cudaErrorInvalidValue;"""
 
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
@@ -102,6 +111,8 @@ BUILDS = {  # name: [(file, old, new)]
     "nox": [(KERNEL, XA, NOXA), (KERNEL, XA2, NOXA2), (KERNEL, XB, NOXB)],
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
+    "nostore": [(KERNEL, STORE, NOSTORE)],
+    "notilex": [(KERNEL, TILEX, NOTILEX)],
 }
 
 
