@@ -35,7 +35,8 @@
 // see it). Per k-block each warp converts, per word j, its NT 16-row tiles to A fragments (scale
 // applied per weight) and issues 2 wgmma m64nMTk16 per tile (steps 2 j, 2 j + 1) with B at the
 // step's 32-byte column of the atom; conversion of word j + 1 overlaps the wgmma of word j. The
-// warp waits for its wgmmas before the next barrier, which frees the stage for refilling.
+// warp waits for its wgmmas before the next barrier, which frees the stage for refilling. The
+// result leaves through shared memory ("the output tile" below).
 // Split-K: the S blocks of a row range are one thread block cluster and add their partials
 // through distributed shared memory ("split-K within a cluster" below; deterministic, in split
 // order). The x kernel starts the GEMM early (PDL): its first stage's weights are copied while
@@ -264,8 +265,8 @@ __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_
 // The block's MT x R result goes to y through shared memory (the stages are free by then): each
 // thread adds the bias in fp32, rounds once to fp16 and stores its fragments transposed
 // (stmatrix) into a [MT tokens][R + 8] tile; then the 256 MMA threads write y's rows in whole
-// 16-byte pieces. Straight from the fragments, each store instruction wrote 2 bytes a lane to
-// 4 rows of y, and a 256 x 128 tile took 6-7 us that way (H100): a tenth of a 4096-deep layer.
+// 16-byte pieces. Stored straight from the fragments, each instruction would put 2 bytes a lane
+// into 4 rows of y: 6-7 us a 256 x 128 tile on the H100 (dev/LOG.md), a tenth of a 4096-deep layer.
 template <int MT, int R>
 struct OutTile {
   // halves per token row: rows 16 bytes apart modulo 128, so stmatrix's 8 rows fill the 32 banks once
