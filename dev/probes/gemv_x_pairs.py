@@ -1,0 +1,62 @@
+"""What a weight layout in the mma fragment's own k order would cost the GEMV (lab only). In such a
+layout (dev/LOG.md, fourth session on issue 23) lane t's word j of a 128-k block holds
+k = 32 j + {2t, 2t + 1, 2t + 8, 2t + 9} and the same + 16, so the GEMV reads each word's
+activations as four 4-byte pairs instead of one 16-byte vector. This builds the GEMV with only
+that change (the weights stay as they are, so its results are wrong and not checked) and times it
+beside the shipped one, alternately, on the bench's harness.
+
+    PYTHONPATH=. python3 dev/probes/gemv_x_pairs.py [--shapes 4096x4096,...] [--m 1,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from w4cli.bench import cases
+from w4cli.gpu import kernels, timing
+from ws_ablation import build_tree  # dev/probes, this script's folder
+
+FILE = "gemv_w4a16.cu"
+LOOP = """      for (int j = 0; j < 4; ++j) xv[b][j] = __ldg(px[b] + j);"""
+LOOP_PAIRS = """      for (int j = 0; j < 4; ++j) {
+        const uint32_t* xq = reinterpret_cast<const uint32_t*>(px[b] - 4 * l.t) + 16 * j + l.t;
+        xv[b][j] = make_uint4(__ldg(xq), __ldg(xq + 4), __ldg(xq + 8), __ldg(xq + 12));
+      }"""
+RING = """        xv[u][b][j] = (kb0 + u < l.kb_end && l.has_x[b] && k0 < a.K) ? __ldg(l.xrow[b] + (k0 >> 3))
+                                                                      : make_uint4(0, 0, 0, 0);"""
+RING_PAIRS = """        const uint32_t* xq = reinterpret_cast<const uint32_t*>(l.xrow[b]) + 64 * (kb0 + u) + 16 * j + l.t;
+        xv[u][b][j] = (kb0 + u < l.kb_end && l.has_x[b] && k0 < a.K)
+                          ? make_uint4(__ldg(xq), __ldg(xq + 4), __ldg(xq + 8), __ldg(xq + 12))
+                          : make_uint4(0, 0, 0, 0);"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="4096x4096,4096x6144,4096x14336,14336x4096,8192x8192,8192x28672,28672x8192")
+    ap.add_argument("--m", default="1,4,8,16")
+    args = ap.parse_args()
+    mods = {"shipped": build_tree("gemv_shipped", kernels.KERNEL_DIR),
+            "pairs": build_tree("gemv_pairs", kernels.KERNEL_DIR, [(FILE, LOOP, LOOP_PAIRS), (FILE, RING, RING_PAIRS)])}
+    copy = timing.copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, copy {copy.gbps:.0f} GB/s", flush=True)
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        layer = cases.Layer(k, n, 128, seed=1)
+        for m in (int(v) for v in args.m.split(",")):
+            row = []
+            for _ in range(2):
+                for name, mod in mods.items():
+                    def run(x, qw, qz, s, b, mod=mod):
+                        return mod.gemv_w4(x, qw, qz, s, b, 0, False)
+                    t = timing.measure(run, lambda i: (layer.x(m, i), *layer.gemv(i), None),
+                                       cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group), lambda out, a: True,
+                                       name=name, copy=copy)
+                    row.append(f"{name} {t.median_us:.2f} ({t.pct_of_copy:.0f}%)")
+            print(f"{shape} M={m}: " + " | ".join(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
