@@ -15,6 +15,29 @@ from w4cli.gpu import kernels, timing
 from ws_ablation import build_tree  # dev/probes, this script's folder
 
 
+def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = True, label: str = "") -> None:
+    """Per shape and M, every tree's `call(mod, x, qweight, qzeros, scales, bias)` timed twice,
+    alternating, on the bench's harness; each output checked against the reference unless
+    `checked` is False (a build whose results are wrong on purpose)."""
+    copy = timing.copy_bandwidth()
+    for shape in shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        layer = cases.Layer(k, n, 128, seed=1)
+        for m in (int(v) for v in ms.split(",")):
+            row = []
+            for _ in range(2):
+                for name, mod in mods.items():
+                    def run(x, qw, qz, s, b, mod=mod):
+                        return call(mod, x, qw, qz, s, b)
+                    def check(out, a, layer=layer):
+                        return cases.w4_gemv_errors(layer, out, a).require() if checked else True
+                    case = cases.Case(name, lambda i, m=m, layer=layer: (layer.x(m, i), *layer.gemv(i), None), run,
+                                      check, cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group))
+                    t = case.measure(copy)
+                    row.append(f"{name} {t.median_us:.2f} ({t.pct_of_copy:.0f}%)")
+            print(f"{shape} M={m}{label}: " + " | ".join(row), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("others", nargs="+")
@@ -25,21 +48,9 @@ def main() -> int:
     mods = {"shipped": build_tree("shipped", kernels.KERNEL_DIR)}
     for d in args.others:
         mods[Path(d).name] = build_tree(Path(d).name, Path(d))
-    copy = timing.copy_bandwidth()
-    for shape in args.shapes.split(","):
-        k, n = (int(v) for v in shape.split("x"))
-        layer = cases.Layer(k, n, 128, seed=1)
-        for m in (int(v) for v in args.m.split(",")):
-            row = []
-            for _ in range(2):
-                for name, mod in mods.items():
-                    def run(x, qw, qz, s, b, mod=mod):
-                        return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel)
-                    case = cases.Case(name, lambda i: (layer.x(m, i), *layer.gemv(i), None), run,
-                                      lambda out, a: cases.w4_gemv_errors(layer, out, a).require(),
-                                      cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group))
-                    row.append(f"{name} {case.measure(copy).median_us:.1f}")
-            print(f"{shape} M={m} kernel {args.kernel}: " + " | ".join(row), flush=True)
+    time_alternately(mods, args.shapes, args.m,
+                     lambda mod, x, qw, qz, s, b: mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel),
+                     label=f" kernel {args.kernel}")
     return 0
 
 

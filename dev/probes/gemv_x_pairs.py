@@ -14,9 +14,9 @@ import argparse
 
 import torch
 
-from w4cli.bench import cases
-from w4cli.gpu import kernels, timing
-from ws_ablation import build_tree  # dev/probes, this script's folder
+from compare_builds import time_alternately  # dev/probes, this script's folder
+from w4cli.gpu import kernels
+from ws_ablation import build_tree
 
 FILE = "gemv_w4a16.cu"
 LOOP = """      for (int j = 0; j < 4; ++j) xv[b][j] = __ldg(px[b] + j);"""
@@ -39,22 +39,9 @@ def main() -> int:
     args = ap.parse_args()
     mods = {"shipped": build_tree("gemv_shipped", kernels.KERNEL_DIR),
             "pairs": build_tree("gemv_pairs", kernels.KERNEL_DIR, [(FILE, LOOP, LOOP_PAIRS), (FILE, RING, RING_PAIRS)])}
-    copy = timing.copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}, copy {copy.gbps:.0f} GB/s", flush=True)
-    for shape in args.shapes.split(","):
-        k, n = (int(v) for v in shape.split("x"))
-        layer = cases.Layer(k, n, 128, seed=1)
-        for m in (int(v) for v in args.m.split(",")):
-            row = []
-            for _ in range(2):
-                for name, mod in mods.items():
-                    def run(x, qw, qz, s, b, mod=mod):
-                        return mod.gemv_w4(x, qw, qz, s, b, 0, False)
-                    t = timing.measure(run, lambda i: (layer.x(m, i), *layer.gemv(i), None),
-                                       cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group), lambda out, a: True,
-                                       name=name, copy=copy)
-                    row.append(f"{name} {t.median_us:.2f} ({t.pct_of_copy:.0f}%)")
-            print(f"{shape} M={m}: " + " | ".join(row), flush=True)
+    print(torch.cuda.get_device_name(), flush=True)
+    time_alternately(mods, args.shapes, args.m, lambda mod, x, qw, qz, s, b: mod.gemv_w4(x, qw, qz, s, b, 0, False),
+                     checked=False)
     return 0
 
 
