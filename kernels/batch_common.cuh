@@ -220,17 +220,6 @@ __device__ __forceinline__ float4 add4(float4 u, float4 v) {
   return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
 }
 
-// A block's result without split-K, from the 256 MMA threads: acc's tile i starts at output row
-// row0 + step i, token t of acc is row m0 + t of x.
-template <int NT, int NB>
-__device__ __forceinline__ void store_result(float (&acc)[NT][NB][4], const BatchArgs& a, int row0, int step, int lane,
-                                             int m0) {
-  for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
-    m += m0;
-    if (m < a.M && n < a.N) store_output(a, v, m, n);
-  });
-}
-
 // ---- split-K through global memory (the mma.sync kernel; the wgmma kernels reduce within a
 // cluster instead, gemm_w4a16_wgmma.cu) ----
 
@@ -305,7 +294,12 @@ __device__ __forceinline__ void reduce_split_tile(const BatchArgs& a, int n0) {
 template <int NT, int NB>
 __device__ __forceinline__ void write_result(float (&acc)[NT][NB][4], const BatchArgs& a, int counter, int split,
                                              int row0, int step, int lane, int n0) {
-  if (a.splits == 1) return store_result(acc, a, row0, step, lane, 0);
+  if (a.splits == 1) {
+    for_each_output(acc, row0, step, lane, [&](float& v, int m, int n) {
+      if (m < a.M && n < a.N) store_output(a, v, m, n);
+    });
+    return;
+  }
   if (store_partial_is_last(acc, a, counter, split, row0, step, lane)) reduce_split_tile<8 * NB, 128 * NT>(a, n0);
 }
 
