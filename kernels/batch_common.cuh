@@ -31,13 +31,14 @@ struct BatchArgs {
   const __half* __restrict__ scales;
   const __half* __restrict__ bias;
   __half* __restrict__ y;
-  float* __restrict__ partial;
-  int* __restrict__ counters;
+  float* __restrict__ partial;  // split-K partials (the mma.sync kernel), stream-K ones (the warp-specialised)
+  int* __restrict__ counters;   // their arrival counters, or flags
   int M, K, N, groups, runs_per_group;
   int x_stride, x_cols;  // x's row length, and the k below which x holds data (K, or Kp when padded)
   uint32_t group_magic;
   int kblocks, kb_per_split, splits, run_slots;
-  int m_tiles;  // tiles of tokens (the warp-specialised kernel; 1 elsewhere)
+  int m_tiles, row_blocks;  // tiles of tokens and of rows of N (the warp-specialised kernel)
+  int sk_tiles, sk_blocks;  // its last tiles shared out by stream-K, and among how many blocks
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -373,6 +374,8 @@ inline BatchArgs batch_args(const void* x, const int32_t* qweight, const int32_t
   a.kblocks = static_cast<int>((K + 127) / 128);
   a.run_slots = (groups == 1 || G % 128 == 0) ? 1 : kRunSlots;
   a.m_tiles = 1;
+  a.row_blocks = 0;
+  a.sk_tiles = a.sk_blocks = 0;
   return a;
 }
 

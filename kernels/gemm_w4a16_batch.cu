@@ -294,19 +294,19 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->tiles = tiles;
   plan->m_tiles = 1;
   plan->kernel = 1;
-  plan->x_rows = 0;
-  plan->x_cols = 0;
+  plan->ctas = plan->sk_tiles = plan->sk_blocks = 0;
+  plan->scratch_bytes = 0;
   return cudaSuccess;
 }
 
-cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_batch(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   if (plan.kernel == 3)
-    return launch_gemm_w4a16_ws(x, x_perm, qweight, qzeros, scales, bias, y, M, K, N, G, plan, pdl, stream);
+    return launch_gemm_w4a16_ws(x, scratch, qweight, qzeros, scales, bias, y, M, K, N, G, plan, pdl, stream);
   if (plan.kernel == 2)
-    return launch_gemm_w4a16_wgmma(x, x_perm, qweight, qzeros, scales, bias, y, M, K, N, G, plan, pdl, stream);
+    return launch_gemm_w4a16_wgmma(x, scratch, qweight, qzeros, scales, bias, y, M, K, N, G, plan, pdl, stream);
   Variant v;
   if (!shapes_ok(M, K, N, G) || !pick_variant(M, K, G, plan.tiles, &v) || v.rows != plan.rows ||
       plan.kernel != 1 || plan.splits < 1 || (plan.splits > 1 && (partial == nullptr || counters == nullptr)))

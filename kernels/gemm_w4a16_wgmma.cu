@@ -280,44 +280,53 @@ __device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The caller has made sure every MMA thread's wgmmas are done with the stages (and every copy
-// landed). tile, tile_addr: the stages' memory, generic and shared addresses; row0_local: acc's
-// tile 0's first row within the block's R rows (tile i at + 64 i); n0, m0: the block's first row
-// of N and first token.
-template <int MT, int R, int NT>
+// The caller has made sure every MMA thread's wgmmas are done with the memory at `tile` (and every
+// copy into it landed). tile, tile_addr: generic and shared addresses of OutTile<MT, R / kPasses>
+// bytes; row0_local: acc's tile 0's first row within the block's R rows (tile i at + 64 i); n0, m0:
+// the block's first row of N and first token. kPasses > 1 writes the rows in that many slices
+// through the same memory (a warpgroup's rows lie in one slice), where the whole tile does not fit.
+template <int MT, int R, int NT, int kPasses = 1>
 __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], const BatchArgs& a, const uint8_t* tile,
                                                   uint32_t tile_addr, int row0_local, int lane, int n0, int m0) {
-  using T = OutTile<MT, R>;
+  constexpr int kSliceRows = R / kPasses;
+  using T = OutTile<MT, kSliceRows>;
   static_assert(MT % 16 == 0, "stmatrix x4 takes two n8 blocks of tokens at a time");
+  static_assert(kSliceRows % (64 * NT) == 0, "a warpgroup's rows lie in one slice");
   const int g = lane >> 2, q = lane >> 3, j = lane & 7;
 #pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    const int r = row0_local + 64 * i;
-    // -0.0 is the identity of fp32 addition (+0.0 would turn a -0.0 sum into +0.0)
-    float blo = -0.f, bhi = -0.f;
-    if (a.bias != nullptr) {
-      if (n0 + r + g < a.N) blo = __half2float(a.bias[n0 + r + g]);
-      if (n0 + r + g + 8 < a.N) bhi = __half2float(a.bias[n0 + r + g + 8]);
-    }
-    // matrices 0..3: rows r .. r + 7 and r + 8 .. r + 15 of tokens 8 nb .. 8 nb + 7, then of the
-    // next 8 tokens; lane 8 q + j gives the address of matrix q's token row j
-    const uint32_t at = tile_addr + 2 * ((8 * (q >> 1) + j) * T::kStride + r + 8 * (q & 1));
+  for (int pass = 0; pass < kPasses; ++pass) {
+    if (pass > 0) mma_threads_sync();  // the previous slice has been read out
+    if (row0_local / kSliceRows == pass) {
 #pragma unroll
-    for (int nb = 0; nb < MT / 8; nb += 2)
-      stmatrix_x4_trans(at + 2 * 8 * nb * T::kStride, f16x2_bits(acc[i][nb][0] + blo, acc[i][nb][1] + blo),
-                        f16x2_bits(acc[i][nb][2] + bhi, acc[i][nb][3] + bhi),
-                        f16x2_bits(acc[i][nb + 1][0] + blo, acc[i][nb + 1][1] + blo),
-                        f16x2_bits(acc[i][nb + 1][2] + bhi, acc[i][nb + 1][3] + bhi));
-  }
-  mma_threads_sync();
-  constexpr int kChunksPerRow = R / 8;  // 16 bytes: 8 rows of N (N % 8 == 0: a chunk is wholly in or out)
+      for (int i = 0; i < NT; ++i) {
+        const int r = row0_local + 64 * i;
+        // -0.0 is the identity of fp32 addition (+0.0 would turn a -0.0 sum into +0.0)
+        float blo = -0.f, bhi = -0.f;
+        if (a.bias != nullptr) {
+          if (n0 + r + g < a.N) blo = __half2float(a.bias[n0 + r + g]);
+          if (n0 + r + g + 8 < a.N) bhi = __half2float(a.bias[n0 + r + g + 8]);
+        }
+        // matrices 0..3: rows r .. r + 7 and r + 8 .. r + 15 of tokens 8 nb .. 8 nb + 7, then of
+        // the next 8 tokens; lane 8 q + j gives the address of matrix q's token row j
+        const uint32_t at = tile_addr + 2 * ((8 * (q >> 1) + j) * T::kStride + r - pass * kSliceRows + 8 * (q & 1));
+#pragma unroll
+        for (int nb = 0; nb < MT / 8; nb += 2)
+          stmatrix_x4_trans(at + 2 * 8 * nb * T::kStride, f16x2_bits(acc[i][nb][0] + blo, acc[i][nb][1] + blo),
+                            f16x2_bits(acc[i][nb][2] + bhi, acc[i][nb][3] + bhi),
+                            f16x2_bits(acc[i][nb + 1][0] + blo, acc[i][nb + 1][1] + blo),
+                            f16x2_bits(acc[i][nb + 1][2] + bhi, acc[i][nb + 1][3] + bhi));
+      }
+    }
+    mma_threads_sync();
+    constexpr int kChunksPerRow = kSliceRows / 8;  // 16 bytes: 8 rows of N (N % 8 == 0: wholly in or out)
 #pragma unroll 4
-  for (int c = threadIdx.x; c < MT * kChunksPerRow; c += kBatchThreads) {
-    const int t = c / kChunksPerRow, u = c - t * kChunksPerRow;
-    const int m = m0 + t, n = n0 + 8 * u;
-    if (m < a.M && n < a.N)
-      *reinterpret_cast<uint4*>(a.y + (size_t)m * a.N + n) =
-          *reinterpret_cast<const uint4*>(tile + 2 * (t * T::kStride + 8 * u));
+    for (int c = threadIdx.x; c < MT * kChunksPerRow; c += kBatchThreads) {
+      const int t = c / kChunksPerRow, u = c - t * kChunksPerRow;
+      const int m = m0 + t, n = n0 + pass * kSliceRows + 8 * u;
+      if (m < a.M && n < a.N)
+        *reinterpret_cast<uint4*>(a.y + (size_t)m * a.N + n) =
+            *reinterpret_cast<const uint4*>(tile + 2 * (t * T::kStride + 8 * u));
+    }
   }
 }
 #endif
@@ -382,33 +391,45 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 
 // ---- the warp-specialised kernel: any M, tokens in tiles of MT, a producer warp ----
 //
-// Same numerics and k order as above. A block owns a tile of R = 128 NT rows of N and MT = 64, 128
-// or 256 tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1) and a range of k-blocks
-// (split-K in clusters, as the cp.async kernel). Warps 0-7 are two MMA warpgroups (wgmma_stage,
-// m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp fills a ring of 3-8 stages
-// (as many as fit) through the bulk copy engine (activations), the tensor copy engine (weights:
-// one box a stage, where 512-byte bulk copies per 8-row tile left the MMA warps waiting) and
-// cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
-// (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
-// flight across stage boundaries.
+// Same numerics and k order as above. An output tile is R = 128 NT rows of N by MT = 64, 128 or 256
+// tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1). Warps 0-7 are two MMA warpgroups
+// (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
+// fills a ring of 3-8 stages (as many as fit) through the bulk copy engine (activations), the
+// tensor copy engine (weights: one box a stage, where 512-byte bulk copies per 8-row tile left the
+// MMA warps waiting) and cp.async (scales, zeros) on mbarriers, each stage in two parts filled and
+// freed apart (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's
+// wgmmas in flight across stage boundaries.
+// Two launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
+//   persistent  at most one block per SM (P blocks), each walking its share of the tiles (WsWork):
+//               whole tiles in grid order, then, where the last wave would leave SMs idle, an equal
+//               share of the last tiles' k-blocks (stream-K; a tile cut between blocks is added in
+//               a fixed order, "stream-K" below). The ring runs on from one tile to the next, and
+//               each tile's result leaves through its last stage while the next tile's stages fill.
+//   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
+//               the splits of a tile one cluster, added as the cp.async kernel's.
 // Launch shape: tile_x_kernel (x -> x_tiles [m_tiles, kblocks, MT x 256 B], the stages' swizzled
-// images), then (PDL) grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1), 384 threads,
-// dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
-// opt-in at MT = 256), 1 block/SM.
-// Constraints: as the cp.async kernel, with 1 <= M <= 65536 and x_tiles [m_tiles x MT, Kp] fp16
-// scratch; plan_gemm_w4a16_ws picks the variant and S (see its comments). The weights' tensor map
-// is encoded per launch (weight_tensor_map) and passed by value.
+// images), then (PDL) grid (P) or grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1); 384
+// threads, dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB
+// (227 KB opt-in at MT = 256), 1 block/SM.
+// Constraints: as the cp.async kernel, with 1 <= M <= 65536; scratch from the caller: x_tiles
+// [m_tiles x MT, Kp] fp16, and for persistent launches partial [P, MT x R] fp32 and flags [P] int32
+// (WsScratch). The weights' tensor map is encoded per launch (weight_tensor_map) and passed by
+// value.
 //
 // Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
 // tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
 // (the header's k order, two 64-k swizzle atoms, 16-byte unit u of row r at u ^ (r % 8)), tokens
 // past M zero. Each 64-k half of a stage is then one bulk copy: the swizzle is a function of the
 // shared address, and a stage starts 1 KB aligned, so the copied image is already swizzled.
+// It also zeroes the stream-K flags (flags[0 .. nflags), nflags <= chunks), after pdl_wait: the
+// GEMM before may still be reading its own.
 template <typename S, int MT = S::kTokens>
 __global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xt, int M,
-                                                     int K, int kblocks, int64_t chunks) {
+                                                     int K, int kblocks, int64_t chunks, int* __restrict__ flags,
+                                                     int nflags) {
   x_kernel_start();
   const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  if (idx < nflags) flags[idx] = 0;
   if (idx >= chunks) return;
   const int oc = (int)(idx & 15);
   const int r = (int)((idx >> 4) % MT);
@@ -458,6 +479,63 @@ struct WsBarriers {
       : full_a(base), full_b(base + 8 * stages), empty_a(base + 16 * stages), empty_b(base + 24 * stages) {}
 };
 
+// One output tile's k-blocks [kb_lo, kb_hi) in a block's work: tile u = mt * row_blocks + cb
+// (tokens mt * MT .., rows cb * R ..).
+struct WsSegment {
+  int64_t tile, mt;
+  int cb, kb_lo, kb_hi;
+};
+
+// A block's work, in order. Persistent launch of P blocks over T tiles whose last a.sk_tiles are
+// shared out by stream-K: first the whole tiles c, c + P, c + 2 P, ... below T - sk_tiles (the
+// blocks of a wave walk the same k-blocks at about the same time, and the tiles of one row block
+// share its weights through L2), then the steps [first + S min(c, Q) / Q, first + S min(c + 1, Q) / Q)
+// of the S = sk_tiles x kblocks steps u x kblocks + kb after them, for the first Q = a.sk_blocks
+// blocks (the others' share is empty). Split-K in clusters: one split's k-blocks of one tile.
+struct WsWork {
+  int64_t next_tile, dp_end;  // the next whole tile, and the first tile that is not one
+  int64_t step, end;          // the stream-K steps left
+
+  __device__ __forceinline__ WsWork(const BatchArgs& a, bool split) {
+    if (split) {
+      const int64_t tile = (int64_t)blockIdx.z * a.row_blocks + blockIdx.x;
+      const int kb0 = blockIdx.y * a.kb_per_split;
+      next_tile = dp_end = 0;
+      step = tile * a.kblocks + kb0;
+      end = tile * a.kblocks + min(a.kblocks, kb0 + a.kb_per_split);
+    } else {
+      dp_end = (int64_t)a.row_blocks * a.m_tiles - a.sk_tiles;
+      next_tile = blockIdx.x;
+      step = sk_begin(a, blockIdx.x);
+      end = sk_begin(a, blockIdx.x + 1);
+    }
+  }
+  // The first stream-K step of `block`'s share.
+  __device__ __forceinline__ static int64_t sk_begin(const BatchArgs& a, int block) {
+    const int64_t first = ((int64_t)a.row_blocks * a.m_tiles - a.sk_tiles) * a.kblocks;
+    return a.sk_blocks == 0 ? first : first + (int64_t)a.sk_tiles * a.kblocks * min(block, a.sk_blocks) / a.sk_blocks;
+  }
+  // The next segment, false when none is left.
+  __device__ __forceinline__ bool next(const BatchArgs& a, WsSegment& seg) {
+    if (next_tile < dp_end) {
+      seg.tile = next_tile;
+      seg.kb_lo = 0;
+      seg.kb_hi = a.kblocks;
+      next_tile += gridDim.x;
+    } else if (step < end) {
+      seg.tile = step / a.kblocks;
+      seg.kb_lo = (int)(step - seg.tile * a.kblocks);
+      seg.kb_hi = (int)min((int64_t)a.kblocks, seg.kb_lo + (end - step));
+      step += seg.kb_hi - seg.kb_lo;
+    } else {
+      return false;
+    }
+    seg.mt = seg.tile / a.row_blocks;
+    seg.cb = (int)(seg.tile - seg.mt * a.row_blocks);
+    return true;
+  }
+};
+
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
 // expects its bytes on full_a and starts one tensor copy of the block's 8-row weight tiles at this
 // k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
@@ -468,9 +546,14 @@ struct WsBarriers {
 // still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
 // nanosecond, so every stage's weights queued ahead of the first activations could hold those back
 // by microseconds.
+//
+// Two loops of that one protocol. Split-K in clusters: the k-blocks [kb0, kb0 + nkb) of tile (cb,
+// mt). Written as the persistent launch's walk over segments, or with the copies factored into
+// shared functions, the split kernel ran 6-17% slower at M = 64, where it is bound by memory
+// (H100, same-run builds, dev/LOG.md); so it keeps this form.
 template <typename S>
-__device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
-                                           const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
+__device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
+                                                 const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
   constexpr int kTiles8 = S::kRows / 8;
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
@@ -524,49 +607,181 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
     mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
   }
 }
-// The MMA warps: per k-block, wait for the stage to land, convert and multiply it (wgmma_stage),
-// releasing its part A once words 0 and 1 are done and the previous stage's part B once its
-// wgmmas are; then the output.
-template <typename S, int NT, bool kSplit, int MT = S::kTokens>
-__device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
-                                           int cb, int split, int mt, int kb0, int nkb, int warp, int lane) {
-  const int slot = a.run_slots == 1 ? 0 : (lane & 3);
-  float acc[NT][MT / 8][4];
+// A persistent launch: the block's segments (WsWork) one after another, the ring running on from
+// one tile to the next.
+template <typename S>
+__device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
+                                           const WsBarriers& b, int lane) {
+  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
+  constexpr int kTiles8 = S::kRows / 8;
+  const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
+  const uint64_t xpolicy = evict_normal_policy();
+  WsWork work(a, false);
+  WsSegment seg;
+  bool more = work.next(a, seg);
+  // stage i's part A but its x atom: the expected bytes (x atom included), the weights, scales and
+  // zeros of k-block kb of row block cb
+  auto constants = [&](int i, int cb, int kb) {
+    const uint32_t full = b.full_a + 8 * (i % S::kStages);
+    const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
+      tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
+    }
+    // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
+#pragma unroll
+    for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
+      const int idx = lane + 32 * j;
+      const int slot = idx / kTiles8;
+      const int c = idx - slot * kTiles8;
+      if (slot < a.run_slots) {
+        const int n0 = cb * S::kRows + 8 * c;
+        const bool ok = n0 < a.N;
+        const int grp = group_of_run(4u * kb + slot, a);
+        cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
+        cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
+                  ok);
+      }
+    }
+    mbar_arrive_cp_async(full);
+  };
+  if (more) constants(0, seg.cb, seg.kb_lo);
+  pdl_wait();
+  int i = 0;  // steps into the ring
+  for (; more; more = work.next(a, seg)) {
+    const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)seg.mt * a.kblocks * (S::kTokens * 256);
+    for (int kb = seg.kb_lo; kb < seg.kb_hi; ++kb, ++i) {
+      const int s = i % S::kStages;
+      const uint32_t parity = ((i / S::kStages) + 1) & 1;
+      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+      if (i > 0) constants(i, seg.cb, kb);
+      const uint32_t st = smem0 + s * S::kStageBytes;
+      const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
+      if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);
+      if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+        bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);
+      }
+    }
+  }
+  // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
+  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j) {
+    mbar_wait(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (j % S::kStages), (j / S::kStages) & 1);
+  }
+}
+
+// ---- stream-K: a tile cut between the blocks of a persistent launch ----
+// A tile whose k-blocks fall into several blocks' ranges: the first block has k-blocks 0 .. j at
+// the end of its range, each later one a piece at the start of its own (a range holds more than
+// half a tile's k-blocks, so a tile meets at most three ranges). A later block stores its fp32
+// partial tile to global memory in its own registers' order (partial [block][MT R / 4][256
+// threads] float4, one coalesced 512-byte piece a warp and instruction) and raises its flag
+// (counters[block], zeroed by tile_x_kernel); the first block, at the end of its range, waits for
+// each flag in block order and adds the partials to its own sum in that order, so the bits depend
+// only on where the cuts lie, which depends only on the shape and the SM count.
+template <int NT, int NB>
+__device__ __forceinline__ void stream_k_store(const float (&acc)[NT][NB][4], const BatchArgs& a, int block) {
+  float4* part = reinterpret_cast<float4*>(a.partial) + (size_t)block * NT * NB * kBatchThreads + threadIdx.x;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
-    for (int nb = 0; nb < MT / 8; ++nb)
+    for (int nb = 0; nb < NB; ++nb)
+      __stcg(part + (i * NB + nb) * kBatchThreads, make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]));
+  __threadfence();    // this thread's partial is visible device-wide ...
+  mma_threads_sync();  // ... and every MMA thread's, before the flag
+  if (threadIdx.x == 0) st_release_gpu(a.counters + block, 1);
+}
+// tile_end: the step after the tile's last. Blocks with an empty share store nothing.
+template <int NT, int NB>
+__device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const BatchArgs& a, int64_t tile_end) {
+  for (int block = blockIdx.x + 1; block < a.sk_blocks && WsWork::sk_begin(a, block) < tile_end; ++block) {
+    if (WsWork::sk_begin(a, block + 1) == WsWork::sk_begin(a, block)) continue;
+    if (threadIdx.x == 0)
+      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);
+    mma_threads_sync();
+    const float4* part =
+        reinterpret_cast<const float4*>(a.partial) + (size_t)block * NT * NB * kBatchThreads + threadIdx.x;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
-  for (int i = 0; i < nkb; ++i) {
-    const int s = i % S::kStages;
-    mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);
-    mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
-    const int at = s * S::kStageBytes;
-    // every thread releases the parts it read (an arrive orders only its own thread's reads)
-    wgmma_stage<S, NT, false>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc,
-                              i > 0 ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u, b.empty_a + 8 * s);
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const float4 p = __ldcg(part + (i * NB + nb) * kBatchThreads);
+        acc[i][nb][0] += p.x;
+        acc[i][nb][1] += p.y;
+        acc[i][nb][2] += p.z;
+        acc[i][nb][3] += p.w;
+      }
   }
-  wgmma_wait<0>();
-  if (nkb > 0) mbar_arrive(b.empty_b + 8 * ((nkb - 1) % S::kStages));
-  pdl_wait();  // (the producer waited before the activations; the writes wait too)
-  const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
-  if constexpr (!kSplit) {
-    static_assert(OutTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the output tile fits");
-    mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
-    store_result_tile<MT, S::kRows>(acc, a, smem, smem0, row0 - cb * S::kRows, lane, cb * S::kRows, mt * MT);
-  } else {
-    static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits");
-    mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
-    store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0 - cb * S::kRows,
-                                      64, lane);
+}
+
+// The MMA warps: per k-block, wait for the stage to land, convert and multiply it (wgmma_stage),
+// releasing its part A once words 0 and 1 are done and the previous stage's part B once its
+// wgmmas are. At a tile's last k-block in the range the stage is kept whole: its memory holds the
+// output tile on its way to y (the other stages fill with the next tile meanwhile), and both parts
+// are released once this thread is done with it. Split-K in a cluster (kSplit) leaves the partial
+// tile in the stages' memory instead, the producer gone.
+template <typename S, int NT, bool kSplit, int MT = S::kTokens>
+__device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
+                                           int warp, int lane) {
+  WsWork work(a, kSplit);
+  constexpr int kPasses = OutTile<MT, S::kRows>::kBytes <= S::kStageBytes ? 1 : 2;
+  static_assert(OutTile<MT, S::kRows / kPasses>::kBytes <= S::kStageBytes, "the output tile fits a stage");
+  const int slot = a.run_slots == 1 ? 0 : (lane & 3);
+  const int row0_local = (warp >> 2) * NT * 64 + (warp & 3) * 16;
+  if (!kSplit) pdl_wait();  // (the producer waited before the activations; the writes wait too)
+  float acc[NT][MT / 8][4];
+  int i = 0;  // steps into the ring
+  WsSegment seg;
+  while (work.next(a, seg)) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int nb = 0; nb < MT / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][nb][e] = 0.f;
+    for (int kb = seg.kb_lo; kb < seg.kb_hi; ++kb, ++i) {
+      const int s = i % S::kStages;
+      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);
+      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
+      const int off = s * S::kStageBytes;
+      // every thread releases the parts it read (an arrive orders only its own thread's reads)
+      wgmma_stage<S, NT, false>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
+                                kb > seg.kb_lo ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u,
+                                kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);
+    }
+    wgmma_wait<0>();
+    const int held = (i - 1) % S::kStages;  // the tile's last stage, neither part released (but with split-K)
+    if constexpr (kSplit) {
+      mbar_arrive(b.empty_b + 8 * held);
+      pdl_wait();  // (the producer waited before the activations; the writes wait too)
+      mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
+      static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits");
+      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,
+                                        lane);
+    } else {
+      if (seg.kb_lo > 0) {
+        stream_k_store(acc, a, blockIdx.x);  // a later piece of a tile an earlier block began
+      } else {
+        if (seg.kb_hi < a.kblocks)  // later blocks have the rest
+          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);
+        mma_threads_sync();  // every MMA thread's wgmmas have read the held stage
+        store_result_tile<MT, S::kRows, NT, kPasses>(acc, a, smem + held * S::kStageBytes,
+                                                     smem0 + held * S::kStageBytes, row0_local, lane,
+                                                     seg.cb * S::kRows, (int)(seg.mt * MT));
+      }
+      fence_proxy_async_shared();  // this thread's writes to the stage before the copy engines' next ones
+      mbar_arrive(b.empty_a + 8 * held);
+      mbar_arrive(b.empty_b + 8 * held);
+    }
   }
 }
 #endif
 
-// grid (ceil(N / R), S, m_tiles), kWsThreads threads, S::kSmem bytes of dynamic shared memory;
-// wmap: the weights' tensor map (weight_tensor_map).
-// kSplit: as the cp.async kernel's.
+// Persistent (!kSplit): grid (P), P <= the tile count and the SM count; split-K in clusters
+// (kSplit): grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1). kWsThreads threads, S::kSmem
+// bytes of dynamic shared memory; wmap: the weights' tensor map (weight_tensor_map).
 template <int MT, int NT, bool kSplit>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
                                                                       const __grid_constant__ CUtensorMap wmap) {
@@ -581,11 +796,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   pdl_launch_dependents();  // a kernel launched after this one with PDL waits (pdl_wait) before its reads
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int cb = blockIdx.x;
-  const int split = blockIdx.y;
-  const int mt = blockIdx.z;
-  const int kb0 = split * a.kb_per_split;
-  const int nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(b.full_a + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
@@ -601,17 +811,25 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   // is bound to the producer's 40 registers.
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kWsProducerRegs>();
-    if (warp == kBatchWarps) ws_produce<S>(a, wmap, smem0, b, cb, mt, kb0, nkb, lane);
+    if (warp == kBatchWarps) {
+      if constexpr (kSplit) {
+        const int kb0 = blockIdx.y * a.kb_per_split;
+        ws_produce_split<S>(a, wmap, smem0, b, blockIdx.x, blockIdx.z, kb0, min(a.kblocks, kb0 + a.kb_per_split) - kb0,
+                            lane);
+      } else {
+        ws_produce<S>(a, wmap, smem0, b, lane);
+      }
+    }
     if constexpr (kSplit) {
       cluster_sync();
       cluster_sync();
     }
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
-    ws_consume<S, NT, kSplit>(a, smem, smem0, b, cb, split, mt, kb0, nkb, warp, lane);
+    ws_consume<S, NT, kSplit>(a, smem, smem0, b, warp, lane);
     if constexpr (kSplit) {
       cluster_sync();
-      reduce_split_cluster<MT, S::kRows>(a, smem0, split, mt * MT, cb * S::kRows);
+      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
       cluster_sync();
     }
   }
@@ -653,7 +871,7 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 struct WsVariant {
   void (*fn)(const BatchArgs, const CUtensorMap);
   void (*fn_split)(const BatchArgs, const CUtensorMap);
-  void (*tile_x)(const uint32_t*, uint4*, int, int, int, int64_t);
+  void (*tile_x)(const uint32_t*, uint4*, int, int, int, int64_t, int*, int);
   int rows, smem, tokens;
 };
 
@@ -754,7 +972,31 @@ int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
   return splits < 1 ? 1 : static_cast<int>(splits);
 }
 
-// The variant whose waves of blocks cost least: ceil(blocks x splits / SMs) x the block's MT x R
+// A persistent launch without split-K: `ctas` blocks (one per SM at most) over `tiles` tiles, the
+// last `sk_tiles` of them shared out by stream-K among the first `sk_blocks`; `waves`, in thousandths,
+// the tiles' time a block. Stream-K takes a last wave where its shares plus kStreamKCost (the
+// partials, and weights no longer shared through L2 by blocks each at its own k-block) come to
+// less than a wave, and a launch of less than a wave only with more than half as many tiles as SMs
+// (fewer take split-K); each block's share is at least half a tile, so a tile meets at most three
+// shares.
+struct WsSpread {
+  static constexpr int64_t kStreamKCost = 250;  // thousandths of a wave (H100, dev/LOG.md)
+  int ctas, sk_tiles, sk_blocks;
+  int64_t waves;
+  WsSpread(int64_t tiles, int kblocks, int sms) {
+    const int64_t rest = tiles % sms, whole = tiles / sms;
+    const int64_t steps = rest * kblocks, share = 2 * rest < sms ? 2 * rest : sms;
+    const int64_t blocks = steps < share ? steps : share;
+    const bool sk = rest > 0 && (whole > 0 || 2 * rest > sms) && rest * 1000 / blocks + kStreamKCost < 1000;
+    sk_tiles = sk ? static_cast<int>(rest) : 0;
+    sk_blocks = sk ? static_cast<int>(blocks) : 0;
+    ctas = whole > 0 ? sms : sk ? sk_blocks : static_cast<int>(tiles);
+    waves = whole * 1000 + (sk ? rest * 1000 / sk_blocks + kStreamKCost : rest > 0 ? 1000 : 0);
+  }
+};
+
+// The variant whose waves of blocks cost least: the waves (whole ones with split-K, WsSpread's
+// without) x the block's MT x R
 // x (its k-blocks, plus a split-K reduction's) x the variant's cost per unit of work (relative to
 // variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; H100, variants
 // 3-5 from 8192x28672 at M = 4096, 1 and 2 fitted to a sweep of every variant on the seven Llama
@@ -773,7 +1015,9 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     const int64_t blocks = (N + kRows[v] - 1) / kRows[v] * ((M + kTokens[v] - 1) / kTokens[v]);
     const int splits = ws_auto_splits(blocks, kblocks, sms);
     const int64_t per_block = (kblocks + splits - 1) / splits + (splits > 1 ? splits + kSplitBaseCost : 0);
-    const int64_t cost = (blocks * splits + sms - 1) / sms * kTokens[v] * kRows[v] * kCost[v] * per_block;
+    // in thousandths of a wave: split-K clusters run in whole waves
+    const int64_t waves = splits > 1 ? (blocks * splits + sms - 1) / sms * 1000 : WsSpread(blocks, kblocks, sms).waves;
+    const int64_t cost = waves * kTokens[v] * kRows[v] * kCost[v] * per_block;
     if (cost < best_cost) best_cost = cost, best = v;
   }
   return best;
@@ -813,20 +1057,22 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->tiles = tiles;
   plan->m_tiles = 1;
   plan->kernel = 2;
-  plan->x_rows = static_cast<int>(M);
-  plan->x_cols = kblocks * 128;
+  plan->ctas = plan->sk_tiles = plan->sk_blocks = 0;
+  plan->scratch_bytes = M * kblocks * 128 * 2;  // x_perm [M, Kp] fp16
   return cudaSuccess;
 }
 
-cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                     int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WgVariant v;
+  const int64_t kp = (K + 127) / 128 * 128;
   if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || plan.splits > kMaxClusterSplits || x_perm == nullptr || plan.x_cols != (K + 127) / 128 * 128)
+      plan.splits < 1 || plan.splits > kMaxClusterSplits || scratch == nullptr || plan.scratch_bytes != M * kp * 2)
     return cudaErrorInvalidValue;
+  void* x_perm = scratch;  // [M, Kp] fp16
   BatchArgs a = batch_args(x_perm, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
-  a.x_stride = a.x_cols = plan.x_cols;
+  a.x_stride = a.x_cols = static_cast<int>(kp);
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
   const int64_t chunks = M * a.kblocks * 16;
@@ -838,6 +1084,15 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* 
                        v.smem, stream, true, plan.splits, a);
 }
 
+
+// The scratch of a warp-specialised launch: x_tiles [m_tiles x MT, Kp] fp16, then (persistent
+// launches) the stream-K partials [ctas, MT x R] fp32 and flags [ctas] int32.
+struct WsScratch {
+  int64_t x_bytes, partial_bytes, flag_bytes;
+  WsScratch(int64_t x_rows, int kblocks, int ctas, int tokens, int rows)
+      : x_bytes(x_rows * kblocks * 128 * 2), partial_bytes((int64_t)ctas * tokens * rows * 4), flag_bytes(ctas * 4) {}
+  int64_t total() const { return x_bytes + partial_bytes + flag_bytes; }
+};
 
 cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
                                BatchPlan* plan) {
@@ -854,11 +1109,10 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
-  if (splits == 0) {
-    const int64_t tiles = (int64_t)row_blocks * m_tiles;
+  const int64_t tiles = (int64_t)row_blocks * m_tiles;
+  if (splits == 0)
     splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn_split), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
-  }
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
               M < v.tokens ? M : v.tokens, v.rows, SplitSum::kCluster, plan);
   plan->row_blocks = row_blocks;
@@ -866,35 +1120,52 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   plan->rows = v.rows;
   plan->tiles = variant;
   plan->kernel = 3;
-  plan->x_rows = m_tiles * v.tokens;
-  plan->x_cols = kblocks * 128;
+  const WsSpread spread(tiles, kblocks, sms);
+  const bool persistent = plan->splits == 1;
+  plan->ctas = persistent ? spread.ctas : 0;
+  plan->sk_tiles = persistent ? spread.sk_tiles : 0;
+  plan->sk_blocks = persistent ? spread.sk_blocks : 0;
+  plan->scratch_bytes = WsScratch((int64_t)m_tiles * v.tokens, kblocks, plan->ctas, v.tokens, v.rows).total();
   return cudaSuccess;
 }
 
-cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                  const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                  int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WsVariant v;
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || plan.splits > kMaxClusterSplits || x_tiles == nullptr ||
-      plan.x_cols != (K + 127) / 128 * 128 || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
-      plan.x_rows != plan.m_tiles * v.tokens)
+      plan.splits < 1 || plan.splits > kMaxClusterSplits || scratch == nullptr ||
+      plan.m_tiles != (M + v.tokens - 1) / v.tokens || plan.row_blocks != (N + v.rows - 1) / v.rows ||
+      (plan.splits > 1) != (plan.ctas == 0) || plan.sk_tiles < 0 || plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) ||
+      plan.sk_blocks > plan.ctas || plan.sk_tiles > (int64_t)plan.row_blocks * plan.m_tiles)
     return cudaErrorInvalidValue;
-  BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
-  a.x_stride = a.x_cols = plan.x_cols;
+  const int kblocks = static_cast<int>((K + 127) / 128);
+  const int64_t x_rows = (int64_t)plan.m_tiles * v.tokens;
+  const WsScratch layout(x_rows, kblocks, plan.ctas, v.tokens, v.rows);
+  const int64_t chunks = x_rows * kblocks * 16;
+  if (plan.scratch_bytes != layout.total() || plan.ctas > chunks) return cudaErrorInvalidValue;
+  char* x_tiles = static_cast<char*>(scratch);
+  float* partial = reinterpret_cast<float*>(x_tiles + layout.x_bytes);  // 16 KB multiples: aligned
+  int* flags = reinterpret_cast<int*>(x_tiles + layout.x_bytes + layout.partial_bytes);
+  BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, partial, flags, M, K, N, G);
+  a.x_stride = a.x_cols = kblocks * 128;
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
   a.m_tiles = plan.m_tiles;
+  a.row_blocks = plan.row_blocks;
+  a.sk_tiles = plan.sk_tiles;
+  a.sk_blocks = plan.sk_blocks;
   CUtensorMap wmap;
   cudaError_t err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, &wmap);
   if (err != cudaSuccess) return err;
-  const int64_t chunks = (int64_t)plan.x_rows * a.kblocks * 16;
   err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
-                      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);
+                      static_cast<const uint32_t*>(x), reinterpret_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks,
+                      flags, plan.ctas);
   if (err != cudaSuccess) return err;
-  return launch_kernel(plan.splits > 1 ? v.fn_split : v.fn, dim3(plan.row_blocks, plan.splits, plan.m_tiles),
-                       dim3(kWsThreads), v.smem, stream, true,
-                       plan.splits, a, wmap);
+  if (plan.splits > 1)
+    return launch_kernel(v.fn_split, dim3(plan.row_blocks, plan.splits, plan.m_tiles), dim3(kWsThreads), v.smem,
+                         stream, true, plan.splits, a, wmap);
+  return launch_kernel(v.fn, dim3(plan.ctas), dim3(kWsThreads), v.smem, stream, true, 1, a, wmap);
 }
 
 }  // namespace w4

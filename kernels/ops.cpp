@@ -256,15 +256,15 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
   TORCH_CHECK(err == cudaSuccess, msg("batch: no kernel for M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G,
               ", splits=", splits, ", tiles=", tiles, ", kernel=", kernel, " on this GPU: ",
               cudaGetErrorString(err)));
-  at::Tensor partial, counters, x_perm;
+  at::Tensor partial, counters, scratch;
   if (plan.kernel == 1 && plan.splits > 1) {  // the wgmma kernels add their splits within a cluster
     partial = at::empty({plan.splits, M, s.N}, x.options().dtype(at::kFloat));
     counters = at::empty({(int64_t)plan.row_blocks}, x.options().dtype(at::kInt));
   }
-  if (plan.kernel != 1) x_perm = at::empty({plan.x_rows, plan.x_cols}, x.options());
+  if (plan.scratch_bytes > 0) scratch = at::empty({plan.scratch_bytes}, x.options().dtype(at::kByte));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(qweight.device().index()).stream();
   err = w4::launch_gemm_w4a16_batch(
-      x.data_ptr(), plan.kernel != 1 ? x_perm.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
+      x.data_ptr(), scratch.defined() ? scratch.data_ptr() : nullptr, qweight.data_ptr<int32_t>(),
       qzeros.data_ptr<int32_t>(), scales.data_ptr(), bias_ptr, y.data_ptr(),
       partial.defined() ? partial.data_ptr<float>() : nullptr,
       counters.defined() ? counters.data_ptr<int32_t>() : nullptr, M, s.K, s.N, s.G, plan, pdl, stream);

@@ -216,6 +216,17 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   return v;
 }
 
+// A flag between blocks of one grid: the store releases this thread's earlier writes (made visible
+// device-wide by a fence) to whoever reads the flag with the acquiring load.
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Four 8x8 fp16 matrices from mma-fragment registers (lane l holds row l / 4, columns 2 (l % 4)
 // and 2 (l % 4) + 1 of each, the lower column in the low half) into shared memory transposed: row
 // j of matrix q's transpose (its column j) is 16 bytes at the address lane 8 q + j gives.

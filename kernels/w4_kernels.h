@@ -49,7 +49,8 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 // The caller then provides, for kernel 1 when plan.splits > 1, partial [splits, M, N] fp32 and
 // counters [plan.row_blocks] int32 scratch (the launch zeroes the counters; kernels 2 and 3 add
 // their split-K partials within a thread block cluster and need neither), and for kernels 2 and 3
-// x_perm [plan.x_rows, plan.x_cols] fp16 scratch. `pdl`: as launch_gemv_w4a16's, for kernels 2 and 3
+// plan.scratch_bytes of device memory, 256-byte aligned (activations in the kernel's order; kernel
+// 3's stream-K partials and flags). `pdl`: as launch_gemv_w4a16's, for kernels 2 and 3
 // (which also start their main kernel under their own x kernel that way, always); kernel 1 ignores
 // it (gemm_w4a16_batch.cu says why). Both return cudaErrorInvalidValue for arguments they cannot
 // handle.
@@ -60,23 +61,25 @@ struct BatchPlan {
   int splits, kb_per_split, row_blocks, rows, tiles;
   int kernel;           // 1, 2 or 3, as asked
   int m_tiles;          // tiles of tokens (kernel 3; 1 otherwise)
-  int x_rows, x_cols;   // the x_perm scratch (0 x 0 for kernel 1)
+  int ctas;             // kernel 3's persistent grid (0: split-K in clusters, or kernels 1-2)
+  int sk_tiles, sk_blocks;  // kernel 3's tiles shared out by stream-K, and among how many of the ctas
+  int64_t scratch_bytes;  // the scratch kernels 2 and 3 need (0 for kernel 1)
 };
 cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
                                   BatchPlan* plan);
-cudaError_t launch_gemm_w4a16_batch(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_batch(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, bool pdl, cudaStream_t stream);
 // The wgmma kernels' own plans and launches, called by the two above.
 cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
                                   BatchPlan* plan);
-cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* x_perm, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                     int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream);
 cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
                                BatchPlan* plan);
-cudaError_t launch_gemm_w4a16_ws(const void* x, void* x_tiles, const int32_t* qweight, const int32_t* qzeros,
+cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                  const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                  int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream);
 

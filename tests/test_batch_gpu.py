@@ -89,6 +89,66 @@ def hopper(kernels):
     return kernels
 
 
+def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
+    """N that gives the warp-specialised kernel's `variant` at M tokens `more` tiles than the GPU has
+    SMs (about; `more` < 0: fewer), its last row block ending in a half-empty 16-row tile."""
+    tokens, rows = {1: (64, 128), 2: (64, 256), 3: (128, 128), 4: (128, 256), 5: (256, 128)}[variant]
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    row_blocks = -(-(sms + more) // -(-m // tokens))
+    return row_blocks * rows - 8
+
+
+# Stream-K: without split-K the warp-specialised kernel runs one block per SM, whole tiles first,
+# then a last wave at most 80% full (or a launch of more than half a wave) shared out in equal
+# pieces of at least half a tile: a tile is cut between two or three blocks wherever the pieces
+# end, and the first block adds the others' partials. Every variant; tile counts past whole waves
+# and below one (cuts at different k-blocks), and without stream-K (a fuller last wave); K of 2-33
+# k-blocks (a partial last one); groups of 64 and single groups: the reference's bits.
+@pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (3, 128, 131),
+                                            (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, -50), (5, 511, 3)])
+@pytest.mark.parametrize("k,g", [(384, 128), (200, 200), (4160, 64)])
+def test_stream_k_exact(hopper, variant, m, more, k, g):
+    n = stream_k_layer_shape(variant, m, k, more)
+    layer = make_layer(k, n, g, seed=k + m + variant, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    bias = exact_bias(n, k)
+    assert_exact(hopper._batch(x, **layer, bias=bias, splits=1, tiles=variant, kernel=3),
+                 w4_gemv.gemv_reference(x, **layer, bias=bias))
+
+
+def test_stream_k_random_and_deterministic(hopper):
+    n = stream_k_layer_shape(5, 1000, 4096, 9)
+    layer = make_layer(4096, n, 128, seed=11, exact=False)
+    x = activations(1000, 4096, seed=11, exact=False)
+    first = hopper._batch(x, **layer, splits=1, tiles=5, kernel=3)
+    assert_close(first, x, layer, None)
+    for _ in range(3):
+        assert torch.equal(bits(hopper._batch(x, **layer, splits=1, tiles=5, kernel=3)), bits(first))
+
+
+def test_stream_k_chain_in_a_graph(hopper):
+    # two stream-K layers back to back under PDL in one graph: each launch's x kernel zeroes the
+    # flags only once the GEMM before is done with its own, and every replay starts from zeroed flags
+    n = stream_k_layer_shape(5, 1000, 4096, 20)
+    first = make_layer(4096, n, 128, seed=12, exact=False)
+    second = make_layer(n, 5120, n, seed=13, exact=False)  # K = N of the first: one group
+    x = activations(1000, 4096, seed=12, exact=False)
+
+    def chain(pdl: bool) -> torch.Tensor:
+        return hopper.gemv(hopper.gemv(x, **first, pdl=pdl), **second, pdl=pdl)
+
+    chain(True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    for seed in range(3):
+        x.copy_(activations(1000, 4096, seed=1000 + seed, exact=False))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(bits(out), bits(chain(False)))
+
+
 # the cp.async wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond
 @pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 28672)])
 @pytest.mark.parametrize("m,kernel", [(24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (1000, 3)])
