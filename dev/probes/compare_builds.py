@@ -3,6 +3,7 @@ and another copy (e.g. an older commit's, `git archive <rev> kernels | tar -x -C
 the bench's harness at the same shapes and M, alternating, outputs checked against the reference.
 
     PYTHONPATH=. python3 dev/probes/compare_builds.py DIR [DIR ...] [--shapes 8192x28672] [--m 64,1024] [--kernel 3]
+        [--reps 2]
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from w4cli.gpu import kernels, timing
 from ws_ablation import build_tree  # dev/probes, this script's folder
 
 
-def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = True, label: str = "") -> None:
-    """Per shape and M, every tree's `call(mod, x, qweight, qzeros, scales, bias)` timed twice,
+def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = True, label: str = "",
+                     reps: int = 2) -> None:
+    """Per shape and M, every tree's `call(mod, x, qweight, qzeros, scales, bias)` timed `reps` times,
     alternating, on the bench's harness; each output checked against the reference unless
     `checked` is False (a build whose results are wrong on purpose)."""
     copy = timing.copy_bandwidth()
@@ -25,7 +27,7 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
         layer = cases.Layer(k, n, 128, seed=1)
         for m in (int(v) for v in ms.split(",")):
             row = []
-            for _ in range(2):
+            for _ in range(reps):
                 for name, mod in mods.items():
                     def run(x, qw, qz, s, b, mod=mod):
                         return call(mod, x, qw, qz, s, b)
@@ -44,13 +46,14 @@ def main() -> int:
     ap.add_argument("--shapes", default="8192x28672")
     ap.add_argument("--m", default="64,1024")
     ap.add_argument("--kernel", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     mods = {"shipped": build_tree("shipped", kernels.KERNEL_DIR)}
     for d in args.others:
         mods[Path(d).name] = build_tree(Path(d).name, Path(d))
     time_alternately(mods, args.shapes, args.m,
                      lambda mod, x, qw, qz, s, b: mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel),
-                     label=f" kernel {args.kernel}")
+                     label=f" kernel {args.kernel}", reps=args.reps)
     return 0
 
 

@@ -10,7 +10,7 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     noscale    no per-weight scale multiply (the 8 mul.f16x2 of a word)
     noconvert  no conversion at all: the packed words go to the tensor cores as they are
     nodata     the producer copies only the first stages, then completes each stage's barriers
-               with no bytes (the MMA warps never wait for data)
+               with no bytes (the MMA warps never wait for data; the persistent launch's producer)
     mma_only   noconvert and nodata together: the wgmma stream and its barriers alone
     nosz       no scale and zero copies (cp.async) after the first stages
     nox        no activation copies after the first stages
@@ -18,8 +18,8 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
                but nothing added or written (the warp-specialised kernel only)
     nostore    no output stores (the warp-specialised kernel without split-K): the epilogue's cost
-    notilex    no tile_x_kernel before the GEMM (it reads whatever x_tiles holds): the x kernel's
-               share of a call, PDL overlap included
+    notilex    no tile_x_kernel before the GEMM (it reads whatever x_tiles holds; a memset zeroes
+               the stream-K flags instead): the x kernel's share of a call, PDL overlap included
 """
 
 from __future__ import annotations
@@ -57,23 +57,21 @@ NOCONVERT = """#pragma unroll
         af[i][2 * p] = wl + p;
         af[i][2 * p + 1] = wh + p;
       }"""
-LOOP = """  for (int i = 0; i < nkb; ++i) {
-    const int s = i % S::kStages;
-    const uint32_t parity = ((i / S::kStages) + 1) & 1;
-    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) constants(i);"""
-NODATA = """  for (int i = 0; i < nkb; ++i) {
-    const int s = i % S::kStages;
-    const uint32_t parity = ((i / S::kStages) + 1) & 1;
-    if (i > 0 && i < S::kStages) constants(i);
-    if (i >= S::kStages) {
-      mbar_wait(b.empty_a + 8 * s, parity);
-      if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
-      mbar_arrive(b.full_a + 8 * s);
-      mbar_wait(b.empty_b + 8 * s, parity);
-      if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
-      continue;
-    }"""
+LOOP = """      const int s = i % S::kStages;
+      const uint32_t parity = ((i / S::kStages) + 1) & 1;
+      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+      if (i > 0) constants(i, seg.cb, kb);"""
+NODATA = """      const int s = i % S::kStages;
+      const uint32_t parity = ((i / S::kStages) + 1) & 1;
+      if (i > 0 && i < S::kStages) constants(i, seg.cb, kb);
+      if (i >= S::kStages) {
+        mbar_wait(b.empty_a + 8 * s, parity);
+        if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
+        mbar_arrive(b.full_a + 8 * s);
+        mbar_wait(b.empty_b + 8 * s, parity);
+        if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
+        continue;
+      }"""
 
 SZ_LOOP = """      if (slot < a.run_slots) {
         const int n0 = cb * S::kRows + 8 * c;"""
@@ -91,15 +89,15 @@ W = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
       tensor_copy_3d_g2s("""
 NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 512 : 0));
       if (i < S::kStages) tensor_copy_3d_g2s("""
-SPLIT = """      reduce_split_cluster<MT, S::kRows>(a, smem0, split, mt * MT, cb * S::kRows);
+SPLIT = """      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
 """
 NOREDUCE = ""
-STORE = """    store_result_tile<MT, S::kRows>(acc, a, smem, smem0, row0 - cb * S::kRows, lane, cb * S::kRows, mt * MT);"""
-NOSTORE = """    if (acc[0][0][0] == 1234567.f)
-      store_result_tile<MT, S::kRows>(acc, a, smem, smem0, row0 - cb * S::kRows, lane, cb * S::kRows, mt * MT);"""
+STORE = """        store_result_tile<MT, S::kRows, NT, kPasses>("""
+NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRows, NT, kPasses>("""
 TILEX = """  err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
-                      static_cast<const uint32_t*>(x), static_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks);"""
-NOTILEX = """  err = chunks > 0 ? cudaSuccess : cudaErrorInvalidValue;"""
+                      static_cast<const uint32_t*>(x), reinterpret_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks,
+                      flags, plan.ctas);"""
+NOTILEX = """  err = cudaMemsetAsync(flags, 0, sizeof(int) * plan.ctas, stream);  // (the stream-K flags tile_x_kernel zeroes)"""
 
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
@@ -125,9 +123,9 @@ def build_tree(name: str, src: Path, patches: list[tuple[str, str, str]] = ()):
     if tree.exists():
         shutil.rmtree(tree)
     shutil.copytree(src, tree)
-    for file, old, new in patches:
+    for file, old, new in patches:  # every occurrence: the split kernel's producer loop and the persistent one's
         text = (tree / file).read_text()
-        assert text.count(old) == 1, f"{name}: patch target not found once in {file}"
+        assert text.count(old) >= 1, f"{name}: patch target not found in {file}"
         (tree / file).write_text(text.replace(old, new))
     arch = "90a"
     return cpp_extension.load(
