@@ -132,21 +132,7 @@ def test_stream_k_chain_in_a_graph(hopper):
     n = stream_k_layer_shape(5, 1000, 4096, 20)
     first = make_layer(4096, n, 128, seed=12, exact=False)
     second = make_layer(n, 5120, n, seed=13, exact=False)  # K = N of the first: one group
-    x = activations(1000, 4096, seed=12, exact=False)
-
-    def chain(pdl: bool) -> torch.Tensor:
-        return hopper.gemv(hopper.gemv(x, **first, pdl=pdl), **second, pdl=pdl)
-
-    chain(True)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(True)
-    for seed in range(3):
-        x.copy_(activations(1000, 4096, seed=1000 + seed, exact=False))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(bits(out), bits(chain(False)))
+    assert_pdl_chain_replays(hopper, first, second, 1000, 4096)
 
 
 # the cp.async wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond
@@ -210,14 +196,10 @@ def test_every_cluster_size(kernels, kernel, m):
         assert_exact(kernels._batch(x, **layer, bias=bias, splits=splits, kernel=kernel), ref)
 
 
-@pytest.mark.parametrize("m", [20, 40, 100, 300])
-def test_pdl_chain_in_a_graph(kernels, m):
-    # with pdl=True each layer's kernels start under the previous kernel (Hopper): activations are
-    # read only once written, so a chain of layers in one graph gives the bits of plain launches,
-    # also when the input changes between replays (a read too early would see the old values)
-    first = make_layer(4096, 4096, 128, seed=7, exact=False)
-    second = make_layer(4096, 4096, 128, seed=8, exact=False)
-    x = activations(m, 4096, seed=m, exact=False)
+def assert_pdl_chain_replays(kernels, first: dict, second: dict, m: int, k: int) -> None:
+    """Two layers chained with pdl=True, captured in one graph and replayed on new inputs, give
+    the bits of plain launches (a read too early would see the old values)."""
+    x = activations(m, k, seed=m, exact=False)
 
     def chain(pdl: bool) -> torch.Tensor:
         return kernels.gemv(kernels.gemv(x, **first, pdl=pdl), **second, pdl=pdl)
@@ -228,10 +210,20 @@ def test_pdl_chain_in_a_graph(kernels, m):
     with torch.cuda.graph(graph):
         out = chain(True)
     for seed in range(3):
-        x.copy_(activations(m, 4096, seed=1000 + seed, exact=False))
+        x.copy_(activations(m, k, seed=1000 + seed, exact=False))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(bits(out), bits(chain(False)))
+
+
+@pytest.mark.parametrize("m", [20, 40, 100, 300])
+def test_pdl_chain_in_a_graph(kernels, m):
+    # with pdl=True each layer's kernels start under the previous kernel (Hopper): activations are
+    # read only once written, so a chain of layers in one graph gives the bits of plain launches,
+    # also when the input changes between replays
+    first = make_layer(4096, 4096, 128, seed=7, exact=False)
+    second = make_layer(4096, 4096, 128, seed=8, exact=False)
+    assert_pdl_chain_replays(kernels, first, second, m, 4096)
 
 
 @pytest.mark.parametrize("kernel", [1, 2, 3])
