@@ -47,8 +47,12 @@ for cu in "$here"/*.cu; do
       echo "FAIL spills in $(basename "$cu") sm_$a:"; grep -B2 -E '[1-9][0-9]* bytes spill' "$log"; status=1
     fi
     if grep -Eiq 'warning' "$log"; then grep -i warning "$log"; fi
-    # ptxas serialises every wgmma of a kernel when other instructions touch their registers mid-flight
-    if grep -q 'C7513' "$log"; then echo "FAIL serialized wgmma in $(basename "$cu") sm_$a:"; grep 'C7513' "$log"; status=1; fi
+    # ptxas serialises a kernel's wgmmas (each waits for the one before) when it cannot prove their
+    # registers untouched mid-flight; it says so under several codes (C7513, C7515, ...), one phrase
+    if grep -q 'wgmma.mma_async instructions are serialized' "$log"; then
+      echo "FAIL serialized wgmma in $(basename "$cu") sm_$a:"; grep 'wgmma.mma_async instructions are serialized' "$log"
+      status=1
+    fi
   done
 done
 [ $status -eq 0 ] && echo "check.sh: all kernels compiled for sm_${archs[*]}, no spills"

@@ -548,9 +548,10 @@ struct WsWork {
 // by microseconds.
 //
 // Two loops of that one protocol. Split-K in clusters: the k-blocks [kb0, kb0 + nkb) of tile (cb,
-// mt). Written as the persistent launch's walk over segments, or with the copies factored into
-// shared functions, the split kernel ran 6-17% slower at M = 64, where it is bound by memory
-// (H100, same-run builds, dev/LOG.md); so it keeps this form.
+// mt), counted from kb0. Driven by the persistent launch's walk over segments instead, the split
+// kernel's producer compiled to half as many instructions again, its cp.async arrival in a
+// waterfall loop (the barrier no longer provably the same in every lane), and the kernel ran
+// 11-17% slower at M = 64, where it is bound by memory (H100, same-run builds, dev/LOG.md).
 template <typename S>
 __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
                                                  const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
@@ -734,6 +735,8 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
   float acc[NT][MT / 8][4];
   int i = 0;  // steps into the ring
   WsSegment seg;
+  // (no early exit for split-K's single segment: a `break` at the end made ptxas serialise the
+  // split kernels' wgmmas, C7515, which kernels/check.sh refuses)
   while (work.next(a, seg)) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)

@@ -80,3 +80,22 @@ def test_a_failed_compile_prints_the_whole_log(check):
     assert code == 1
     assert lines[0] == "FAIL compile a.cu sm_80"
     assert lines.count("note: detail") == 30 * 6  # 2 files x 3 archs
+
+
+# ptxas's words when it serialises a kernel's wgmmas, under two of its codes (the C7515 line is the
+# one a one-segment `break` in the warp-specialised kernel's MMA loop drew, sm_90a, CUDA 13.0)
+SERIALIZED = {
+    "C7515": "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+             "to non wgmma instructions defining accumulator registers of a wgmma between start and end of the "
+             "pipeline stage in the function '_Z6kernelv'",
+    "C7513": "ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+             "to the presence of Extern calls in the function '_Z6kernelv'",
+}
+
+
+@pytest.mark.parametrize("code_name", sorted(SERIALIZED))
+def test_serialized_wgmma_fails_whatever_its_code(check, code_name):
+    code, lines = check(LOG.read_text() + SERIALIZED[code_name] + "\n")
+    assert code == 1
+    assert "FAIL serialized wgmma in a.cu sm_80:" in lines
+    assert any(f"({code_name})" in line for line in lines)
