@@ -1147,6 +1147,12 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
   const WsScratch layout(x_rows, kblocks, plan.ctas, v.tokens, v.rows);
   const int64_t chunks = x_rows * kblocks * 16;
   if (plan.scratch_bytes != layout.total() || plan.ctas > chunks) return cudaErrorInvalidValue;
+  if (plan.sk_tiles > 0) {  // stream-K's blocks wait on later ones: all must be resident at once (one an SM)
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (plan.ctas > sms) return cudaErrorInvalidValue;
+  }
   char* x_tiles = static_cast<char*>(scratch);
   float* partial = reinterpret_cast<float*>(x_tiles + layout.x_bytes);  // 16 KB multiples: aligned
   int* flags = reinterpret_cast<int*>(x_tiles + layout.x_bytes + layout.partial_bytes);
