@@ -547,6 +547,37 @@ struct WsWork {
 // nanosecond, so every stage's weights queued ahead of the first activations could hold those back
 // by microseconds.
 //
+// Stage i's part A but its x atom, for k-block kb of row block cb: the expected bytes (x atom
+// included), the weights, scales and zeros.
+template <typename S>
+__device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
+                                                  const WsBarriers& b, int i, int cb, int kb, uint64_t wpolicy,
+                                                  int lane) {
+  constexpr int kTiles8 = S::kRows / 8;
+  const uint32_t full = b.full_a + 8 * (i % S::kStages);
+  const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
+  if (lane == 0) {
+    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
+    tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
+  }
+  // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
+#pragma unroll
+  for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
+    const int idx = lane + 32 * j;
+    const int slot = idx / kTiles8;
+    const int c = idx - slot * kTiles8;
+    if (slot < a.run_slots) {
+      const int n0 = cb * S::kRows + 8 * c;
+      const bool ok = n0 < a.N;
+      const int grp = group_of_run(4u * kb + slot, a);
+      cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
+      cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
+                ok);
+    }
+  }
+  mbar_arrive_cp_async(full);
+}
+
 // Two loops of that one protocol. Split-K in clusters: the k-blocks [kb0, kb0 + nkb) of tile (cb,
 // mt), counted from kb0. Driven by the persistent launch's walk over segments instead, the split
 // kernel's producer compiled to half as many instructions again, its cp.async arrival in a
@@ -556,43 +587,16 @@ template <typename S>
 __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
                                                  const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
-  constexpr int kTiles8 = S::kRows / 8;
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
   const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
-  // stage i's part A but its x atom: the expected bytes (x atom included), the weights, scales, zeros
-  auto constants = [&](int i) {
-    const uint32_t full = b.full_a + 8 * (i % S::kStages);
-    const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
-    const int kb = kb0 + i;
-    if (lane == 0) {
-      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
-      tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
-    }
-    // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
-#pragma unroll
-    for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
-      const int idx = lane + 32 * j;
-      const int slot = idx / kTiles8;
-      const int c = idx - slot * kTiles8;
-      if (slot < a.run_slots) {
-        const int n0 = cb * S::kRows + 8 * c;
-        const bool ok = n0 < a.N;
-        const int grp = group_of_run(4u * kb + slot, a);
-        cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
-        cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
-                  ok);
-      }
-    }
-    mbar_arrive_cp_async(full);
-  };
-  if (nkb > 0) constants(0);
+  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
     const uint32_t parity = ((i / S::kStages) + 1) & 1;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) constants(i);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
     const uint32_t st = smem0 + s * S::kStageBytes;
     const char* xsrc = xbase + (size_t)(kb0 + i) * (S::kTokens * 256);
     if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);
@@ -614,39 +618,12 @@ template <typename S>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
                                            const WsBarriers& b, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
-  constexpr int kTiles8 = S::kRows / 8;
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
   WsWork work(a, false);
   WsSegment seg;
   bool more = work.next(a, seg);
-  // stage i's part A but its x atom: the expected bytes (x atom included), the weights, scales and
-  // zeros of k-block kb of row block cb
-  auto constants = [&](int i, int cb, int kb) {
-    const uint32_t full = b.full_a + 8 * (i % S::kStages);
-    const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
-    if (lane == 0) {
-      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
-      tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
-    }
-    // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
-#pragma unroll
-    for (int j = 0; j < (kRunSlots * kTiles8 + 31) / 32; ++j) {
-      const int idx = lane + 32 * j;
-      const int slot = idx / kTiles8;
-      const int c = idx - slot * kTiles8;
-      if (slot < a.run_slots) {
-        const int n0 = cb * S::kRows + 8 * c;
-        const bool ok = n0 < a.N;
-        const int grp = group_of_run(4u * kb + slot, a);
-        cp_async16(st + S::kSOff + 2 * (slot * S::kRows + 8 * c), a.scales + (ok ? (size_t)grp * a.N + n0 : 0), ok);
-        cp_async4(st + S::kZOff + 4 * (slot * kTiles8 + c), a.qzeros + (ok ? (size_t)grp * (a.N >> 3) + (n0 >> 3) : 0),
-                  ok);
-      }
-    }
-    mbar_arrive_cp_async(full);
-  };
-  if (more) constants(0, seg.cb, seg.kb_lo);
+  if (more) ws_copy_constants<S>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, wpolicy, lane);
   pdl_wait();
   int i = 0;  // steps into the ring
   for (; more; more = work.next(a, seg)) {
@@ -655,7 +632,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       const int s = i % S::kStages;
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
       if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) constants(i, seg.cb, kb);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
       const uint32_t st = smem0 + s * S::kStageBytes;
       const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
       if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);

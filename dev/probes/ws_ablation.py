@@ -60,10 +60,10 @@ NOCONVERT = """#pragma unroll
 LOOP = """      const int s = i % S::kStages;
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
       if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) constants(i, seg.cb, kb);"""
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);"""
 NODATA = """      const int s = i % S::kStages;
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
-      if (i > 0 && i < S::kStages) constants(i, seg.cb, kb);
+      if (i > 0 && i < S::kStages) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
       if (i >= S::kStages) {
         mbar_wait(b.empty_a + 8 * s, parity);
         if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
@@ -73,22 +73,22 @@ NODATA = """      const int s = i % S::kStages;
         continue;
       }"""
 
-SZ_LOOP = """      if (slot < a.run_slots) {
-        const int n0 = cb * S::kRows + 8 * c;"""
-NOSZ = """      if (slot < a.run_slots && i < S::kStages) {
-        const int n0 = cb * S::kRows + 8 * c;"""
-XA = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);"""
-NOXA = """      mbar_arrive_expect_tx(full, (i < S::kStages ? kAtom : 0) + kTiles8 * 512);"""
+SZ_LOOP = """    if (slot < a.run_slots) {
+      const int n0 = cb * S::kRows + 8 * c;"""
+NOSZ = """    if (slot < a.run_slots && i < S::kStages) {
+      const int n0 = cb * S::kRows + 8 * c;"""
+XA = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);"""
+NOXA = """    mbar_arrive_expect_tx(full, (i < S::kStages ? S::kTokens * 128 : 0) + kTiles8 * 512);"""
 XA2 = """    if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);"""
 NOXA2 = """    if (lane == 0 && i < S::kStages) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);"""
 XB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
       bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
 NOXB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);
       if (i < S::kStages) bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
-W = """      mbar_arrive_expect_tx(full, kAtom + kTiles8 * 512);
-      tensor_copy_3d_g2s("""
-NOW = """      mbar_arrive_expect_tx(full, kAtom + (i < S::kStages ? kTiles8 * 512 : 0));
-      if (i < S::kStages) tensor_copy_3d_g2s("""
+W = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
+    tensor_copy_3d_g2s("""
+NOW = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + (i < S::kStages ? kTiles8 * 512 : 0));
+    if (i < S::kStages) tensor_copy_3d_g2s("""
 SPLIT = """      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
 """
 NOREDUCE = ""
@@ -123,7 +123,7 @@ def build_tree(name: str, src: Path, patches: list[tuple[str, str, str]] = ()):
     if tree.exists():
         shutil.rmtree(tree)
     shutil.copytree(src, tree)
-    for file, old, new in patches:  # every occurrence: the split kernel's producer loop and the persistent one's
+    for file, old, new in patches:  # every occurrence (the split and persistent producer loops share lines)
         text = (tree / file).read_text()
         assert text.count(old) >= 1, f"{name}: patch target not found in {file}"
         (tree / file).write_text(text.replace(old, new))
