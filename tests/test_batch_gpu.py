@@ -269,13 +269,18 @@ def test_gpu_dequantize_extreme_scales(kernels):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
-def test_unaligned_scales_take_every_path(kernels):
+def off_by_one_element(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a contiguous view that starts one element into its storage (not 16-byte aligned)."""
+    store = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    odd = store[1:].view(t.shape)
+    odd.copy_(t)
+    return odd
+
+
+def test_unaligned_scales_and_zeros_take_every_path(kernels):
     k, n, g = 4096, 8200, 128  # large enough for every path
     layer = make_layer(k, n, g, seed=9, exact=True)
-    store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
-    odd = store[1:].view(k // g, n)
-    odd.copy_(layer["scales"])
-    shifted = dict(layer, scales=odd)
+    shifted = dict(layer, scales=off_by_one_element(layer["scales"]), qzeros=off_by_one_element(layer["qzeros"]))
     for m in (3, 20, 100, 200, 300):
         x = activations(m, k, seed=m, exact=True)
         assert_exact(kernels.gemv(x, **shifted), w4_gemv.gemv_reference(x, **layer))
@@ -301,7 +306,6 @@ def test_binding_messages(kernels):
             mod.gemm_w4_batch(huge, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3)
         with pytest.raises(RuntimeError, match="no kernel"):  # variants are 1..5
             mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 6, 3)
-    store = torch.empty(layer["scales"].numel() + 1, dtype=torch.float16, device=DEV)
-    odd = store[1:].view(layer["scales"].shape)
+    odd = off_by_one_element(layer["scales"])
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], odd, None, 0, 0)
