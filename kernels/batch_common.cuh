@@ -74,9 +74,10 @@ __device__ __forceinline__ int group_of_run(uint32_t run, const BatchArgs& a) {
 
 // The copies one thread issues for every stage, addressed once: per stage only the k-block moves.
 // S describes the stage: kRows (rows of N per block), kTokens (x rows staged), the byte offsets
-// kWOff, kXOff, kSOff, kZOff of weights, activations, scales and zeros, and x_dst(r, c), the
-// offset of 16-byte chunk c (0..15) of x row r. The weights land as the block's 16-row tiles of
-// 1 KB in order (two 512-byte qweight tiles each); scales and zeros as [run slot][rows].
+// kWOff, kXOff, kSOff, kZOff of weights, activations, scales and zeros, x_dst(r, c), the
+// offset of 16-byte chunk c (0..15) of x row r, and w_dst(o), where byte o of the block's weights
+// goes within their part. The weights land as the block's 16-row tiles of 1 KB in order (two
+// 512-byte qweight tiles each), each 1 KB arranged by w_dst; scales and zeros as [run slot][rows].
 template <typename S>
 struct Loader {
   static constexpr int kW = (S::kRows * 4) / kBatchThreads;                        // weight chunks per thread
@@ -103,7 +104,7 @@ struct Loader {
     const int t8 = 2 * (cb * (S::kRows / 16) + (tid >> 6)) + ((tid >> 5) & 1);  // chunk 0's 8-row qweight tile
     w = a.qweight + (size_t)t8 * a.kblocks * 32 + (tid & 31);
     w_tile_stride = 8 * a.kblocks * 32;
-    wdst = S::kWOff + tid * 16;
+    wdst = S::kWOff + S::w_dst(tid * 16);  // chunk i is 4 KB on: w_dst keeps the same arrangement
     wok = 0;
 #pragma unroll
     for (int i = 0; i < kW; ++i) wok |= (t8 + 8 * i < words_n ? 1u : 0u) << i;
@@ -182,6 +183,14 @@ struct Loader {
     }
   }
 };
+
+// threadIdx.x, read where it is used: code after a long loop whose addresses derive from it would
+// otherwise have them computed before the loop and held through it, in registers the loop needs.
+__device__ __forceinline__ int thread_index_here() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
 
 // f(value, m, n) for each of a warp's accumulators (the fragment in the header; tile i starts at
 // output row row0 + step i).

@@ -86,6 +86,8 @@ struct Tile {
   __device__ static __forceinline__ uint32_t x_dst(int r, int c) {
     return kXOff + 16 * (r * 16 + (c ^ (((c >> 2) & 2) | (r & 1))));
   }
+  // the weights as they lie in memory: each lane reads its own 16 bytes, one wavefront a quarter warp
+  __device__ static __forceinline__ uint32_t w_dst(uint32_t o) { return o; }
 };
 
 // One k-block of one warp: NT tiles x NB token tiles. kPost: the tensor cores sum (q - z) x over
@@ -265,7 +267,7 @@ bool shapes_ok(int64_t M, int64_t K, int64_t N, int64_t G) {
 }  // namespace
 
 cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
-                                  BatchPlan* plan) {
+                                  int order, BatchPlan* plan) {
   int device = 0, sms = 132, per_sm = 1, major = 0, minor = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -273,9 +275,12 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   // wgmma exists on sm_90a only, which w4cli/gpu/kernels.py builds for every compute capability 9.0
   const bool hopper = major == 9 && minor == 0;
-  if (kernel == 2) return hopper ? plan_gemm_w4a16_wgmma(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
-  if (kernel == 3) return hopper ? plan_gemm_w4a16_ws(M, K, N, G, splits, tiles, plan) : cudaErrorInvalidValue;
-  if (kernel != 1) return cudaErrorInvalidValue;
+  if (kernel == 2 || kernel == 3) {
+    if (!hopper) return cudaErrorInvalidValue;
+    return kernel == 2 ? plan_gemm_w4a16_wgmma(M, K, N, G, splits, tiles, order, plan)
+                       : plan_gemm_w4a16_ws(M, K, N, G, splits, tiles, order, plan);
+  }
+  if (kernel != 1 || order != 0) return cudaErrorInvalidValue;
   if (tiles == 0 && shapes_ok(M, K, N, G)) tiles = default_tiles(M, N, sms);
   Variant v;
   if (!shapes_ok(M, K, N, G) || splits < 0 || splits > 64 || tiles < 0 || !pick_variant(M, K, G, tiles, &v))
@@ -294,7 +299,7 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->tiles = tiles;
   plan->m_tiles = 1;
   plan->kernel = 1;
-  plan->ctas = plan->sk_tiles = plan->sk_blocks = 0;
+  plan->ctas = plan->sk_tiles = plan->sk_blocks = plan->natural = 0;
   plan->scratch_bytes = 0;
   return cudaSuccess;
 }

@@ -16,39 +16,53 @@
 // fragment). The activations are the B operand (N = MT tokens), read by the tensor cores from
 // shared memory through a descriptor.
 //
-// The k order. A lane's A fragment of 16 k comes from one packed word of its own (the w4-gemv
-// layout: lane t of a quad holds k 32 t + 8 j .. 32 t + 8 j + 7 of word j), so the 16 k of one
-// wgmma step are 4-element pieces of four different 8-k runs. B must present the same k order:
-// permute_x_kernel writes x_perm [M, Kp] (Kp = K rounded up to 128, zero past K) where, within
-// each 128-k block, position p = 16 s + 8 c + 2 t + i (k16 step s = 2 j + h, 8-k column c,
-// lane t of the quad, element i) holds x[m, 32 t + 8 j + 4 h + 2 c + i]. That is 8 consecutive
-// positions per 16-byte chunk, so x_perm is staged with plain 16-byte copies.
+// The k order. A lane's mma A fragment holds k 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of a k16 step (t =
+// lane % 4), and B must present its rows in the same k order. In the w4-gemv layout a 128-k block
+// of one row is four 16-byte chunks, chunk c holding k 32 c .. 32 c + 31 as words j = 0..3 (k 32 c +
+// 8 j ..), lane t of a quad holding chunk t. Two ways to meet (pick_k_order chooses per launch):
+//   permuted  each lane converts its own chunk, word j at the loop's word j (1 shift, 4 lop3, 2 sub,
+//             2 fma and 4 mul per 8 weights), so the 16 k of step s = 2 j + h are 4-element pieces of
+//             four different 8-k runs; permute_x_kernel first writes x_perm [M, Kp] (Kp = K rounded
+//             up to 128, zero past K) where, within each 128-k block, position p = 16 s + 8 c + 2 t + i
+//             (8-k column c, element i) holds x[m, 32 t + 8 j + 4 h + 2 c + i]: 8 consecutive
+//             positions a 16-byte chunk, staged like x itself. Costs a pass over x and a launch.
+//   natural   x staged as it lies. Steps 2 c and 2 c + 1 (the loop's word c) take k 2 t of their 16
+//             from words 0 and 2 of chunk c and k 2 t + 8 from words 1 and 3, always the pair in
+//             nibbles t and t + 4 (the AWQ order puts elements 2 t, 2 t + 1 of a word there). So at
+//             word c every lane loads chunk c of its row (the quad's four lanes the same 16 bytes, a
+//             broadcast) and converts pair t of each of its words: 1 shift, 1 lop3, 1 sub and 1 mul
+//             per 2 weights, a quarter more. Its weight tiles are stored with the 128-byte swizzle
+//             (16-byte unit u of 128-byte row r at u ^ (r % 8)), so that the 8 rows of a warp's load
+//             fall on 8 different unit columns. One scale and zero a row and 128-k block only.
+// Both orders give the same products, summed in the tensor cores' fp32 in a different order.
 //
 // How a block works. 8 warps = 2 warpgroups; each warpgroup owns NT m64 tiles (a block owns
 // R = 128 NT rows of N) and the block a range of k-blocks (split-K over S blocks per row range).
 // Each 128-k block is one stage of a cp.async ring in shared memory, up to 4 deep:
-//   x        MT rows of x_perm, two 64-k swizzle atoms of [MT rows][128 B] (16-byte unit u of row
-//            r at u ^ (r % 8), the 128-byte swizzle the descriptor names), rows >= M zero-filled
-//   weights  the block's 16-row qweight tiles of 1 KB (L2 evict-first: read once)
+//   x        MT rows of x or x_perm, two 64-k swizzle atoms of [MT rows][128 B] (16-byte unit u of
+//            row r at u ^ (r % 8), the 128-byte swizzle the descriptor names), rows >= M and k past
+//            the row zero-filled
+//   weights  the block's 16-row tiles of 1 KB (L2 evict-first: read once), 128-byte swizzled
 //   scales, zeros  per 32-k run slot, as in the batch kernel
 // One block barrier per k-block (after cp.async lands and the proxy fence, so the tensor cores
-// see it). Per k-block each warp converts, per word j, its NT 16-row tiles to A fragments (scale
-// applied per weight) and issues 2 wgmma m64nMTk16 per tile (steps 2 j, 2 j + 1) with B at the
-// step's 32-byte column of the atom; conversion of word j + 1 overlaps the wgmma of word j. The
+// see it). Per k-block each warp converts, per word c, its NT 16-row tiles to A fragments (scale
+// applied per weight) and issues 2 wgmma m64nMTk16 per tile (steps 2 c, 2 c + 1) with B at the
+// step's 32-byte column of the atom; conversion of word c + 1 overlaps the wgmma of word c. The
 // warp waits for its wgmmas before the next barrier, which frees the stage for refilling. The
 // result leaves through shared memory ("the output tile" below).
 // Split-K: the S blocks of a row range are one thread block cluster and add their partials
 // through distributed shared memory ("split-K within a cluster" below; deterministic, in split
-// order). The x kernel starts the GEMM early (PDL): its first stage's weights are copied while
-// x_perm is still being written, its activations after pdl_wait.
+// order). With PDL the kernel copies its first stage's weights while the kernel before (or its own
+// permute_x_kernel) still runs, its activations after pdl_wait.
 //
-// Launch shape: permute_x_kernel, then grid (ceil(N / R), S) in clusters of (1, S, 1) (S <= 8),
+// Launch shape: permute_x_kernel in the permuted order, then grid (ceil(N / R), S) in clusters of
+// (1, S, 1) (S <= 8),
 // block 256 threads, dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to
 // 1 KB) + 1 KB; MT = M rounded up to 16, 32, 64 or 128; NT and S by plan_gemm_w4a16_wgmma (the
 // batch kernel's byte model, in waves of resident blocks, S fitted to the clusters that run at
 // once).
 // Constraints (checked by kernels/ops.cpp and the launcher): as gemm_w4a16_batch.cu, with
-// 1 <= M <= 128, and x_perm [M, Kp] fp16 scratch from the caller.
+// 1 <= M <= 128, x 16-byte aligned; in the permuted order x_perm [M, Kp] fp16 scratch from the caller.
 // Archs: sm_90a only (the kernels compile elsewhere to an empty body the launcher never runs).
 // Test: pytest -m gpu tests/test_batch_gpu.py.  Bench: w4 bench --batch 16,32,64,128.
 
@@ -71,41 +85,14 @@
 namespace w4 {
 namespace {
 
-// The x kernels (permute_x_kernel, tile_x_kernel) let the main kernel launch at once (PDL): it
-// copies its first stages' weights while they run.
-__device__ __forceinline__ void x_kernel_start() {
-  pdl_launch_dependents();
-  pdl_wait();  // x is the previous kernel's output
-}
-
-// One thread per 16-byte chunk of x_perm: chunk oc (0..15) of row m's 128-k block b holds the
-// fp16 pairs 16 t + oc (t = 0..3) of that block of x (the header's order, in pairs).
-__global__ void __launch_bounds__(256) permute_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xp,
-                                                        int M, int K, int kblocks) {
-  x_kernel_start();
-  const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
-  if (idx >= (int64_t)M * kblocks * 16) return;
-  const int oc = (int)(idx & 15);
-  const int64_t mb = idx >> 4;
-  const int m = (int)(mb / kblocks);
-  const int pair0 = (int)(mb - (int64_t)m * kblocks) * 64 + oc;
-  const uint32_t* row = x + (size_t)m * (K / 2);
-  uint32_t v[4];
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const int pair = pair0 + 16 * t;
-    v[t] = 2 * pair < K ? __ldg(row + pair) : 0u;
-  }
-  xp[idx] = make_uint4(v[0], v[1], v[2], v[3]);
-}
-
-// One k-block's stage: x (the header's two swizzle atoms), weights, scales, zeros.
-template <int MT, int NT>
+// One k-block's stage: x (the header's two swizzle atoms), weights, scales, zeros. kSwizzledW: the
+// weights 128-byte swizzled (the natural k order, whose loads would otherwise meet four to a bank).
+template <int MT, int NT, bool kSwizzledW>
 struct StageLayout {
   static constexpr int kRows = 2 * NT * 64;  // rows of N per block
   static constexpr int kTokens = MT;
   static constexpr int kXOff = 0;            // 1 KB aligned: the swizzle atoms need it
-  static constexpr int kWOff = MT * 256;
+  static constexpr int kWOff = kXOff + kTokens * 256;  // 1 KB aligned: the weights' swizzle needs it
   static constexpr int kSOff = kWOff + kRows * 64;
   static constexpr int kZOff = kSOff + kRunSlots * kRows * 2;
   static constexpr int kStageBytes = (kZOff + kRunSlots * (kRows / 8) * 4 + 1023) / 1024 * 1024;
@@ -113,12 +100,15 @@ struct StageLayout {
   __device__ static __forceinline__ uint32_t x_dst(int r, int c) {
     return kXOff + (c >> 3) * (MT * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
   }
+  // The weights' byte o (in the block's qweight tiles, as they lie in memory) within their part of
+  // the stage: the 128-byte swizzle, which the tensor copy engine applies too (kWOff is 1 KB aligned)
+  __device__ static __forceinline__ uint32_t w_dst(uint32_t o) { return kSwizzledW ? o ^ (((o >> 7) & 7) << 4) : o; }
 };
 
 // The cp.async kernel's stages: up to 4 in 220 KB.
 template <int MT, int NT>
-struct WgStage : StageLayout<MT, NT> {
-  using L = StageLayout<MT, NT>;
+struct WgStage : StageLayout<MT, NT, true> {  // (the Loader's swizzled addresses cost nothing in either order)
+  using L = StageLayout<MT, NT, true>;
   static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 4 ? 4 : (220 * 1024) / L::kStageBytes;
   static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
   static_assert(kStages >= 2, "a stage must fit twice in shared memory");
@@ -126,68 +116,92 @@ struct WgStage : StageLayout<MT, NT> {
 
 #if defined(W4_HAS_WGMMA)
 // One k-block of one warp: its NT 16-row tiles (one per m64 tile of its warpgroup) x MT tokens.
-// S: the stage's layout (WgStage or WsStage: kRows, kTokens, kXOff, kWOff, kSOff, kZOff).
+// S: the stage's layout (WgStage or WsStage: kRows, kTokens, kXOff, kWOff, kSOff, kZOff, w_dst).
+// kNatural: x staged in its own k order (the header's "x as it lies"; one scale and zero a row and
+// k-block, a.run_slots == 1); else in the order of the lanes' words (x_perm). slot: the 32-k run
+// slot of this lane's scales and zeros (the permuted order; 0 in the natural one).
 // kDrain: wait for every wgmma before returning (the stage may be refilled after the next block
 // barrier); else the last word's wgmmas are left in flight across the stage boundary, and
 // `release`, when not 0, is the mbarrier this thread arrives on once the previous stage's wgmmas
 // are done (after the first word's wait), so the tensor cores never idle between stages, and
 // `release_a`, when not 0, the one it arrives on once words 0 and 1 are done (after the third
-// word's wait): the stage's weights, scales and zeros are in registers by then and its first x
-// atom read, so that part can be refilled half a k-block before the rest.
-template <typename S, int NT, bool kDrain = true, int MT = S::kTokens>
+// word's wait): the stage's weights, scales and zeros are in registers or loads issued by then, and
+// its first x atom read, so that part can be refilled half a k-block before the rest.
+template <typename S, int NT, bool kNatural, bool kDrain = true, int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
                                             int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0,
                                             uint32_t release_a = 0) {
-  const uint4* ws = reinterpret_cast<const uint4*>(st + S::kWOff);
   const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S::kSOff);
   const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + S::kZOff);
   const int g = lane >> 2;
   const int zshift = 4 * ((g >> 1) + 4 * (g & 1));  // AWQ_REVERSE_ORDER[g]: nibble of row g's zero
-
-  uint4 lo[NT], hi[NT];
+  // Per tile: the scales of rows g and g + 8 in both halves, and their zeros biased by 1024
+  // (0x6400 | z: 1024 + z in fp16, exact).
   uint32_t slo[NT], shi[NT];
   ZeroF16x8 zlo[NT], zhi[NT];
+  // Weight chunks: the permuted order takes the lane's own chunk of rows g and g + 8 (words 0..3)
+  // at the stage's start; the natural one chunk c of the row at word c, word c + 1's loaded before
+  // word c's wgmmas are issued so that the load's latency passes while they run.
+  uint4 lo[NT], hi[NT];
+  auto load_chunks = [&](int c) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      // chunk 0 of rows g and g + 8 (the tile's two 512-byte qweight tiles); chunk c is 16 c bytes on
+      // before the swizzle, an XOR of those same address bits
+      const uint32_t row = 1024 * ((wg * NT + i) * 4 + wi) + 64 * g;
+      lo[i] = *reinterpret_cast<const uint4*>(st + ((S::kWOff + S::w_dst(row)) ^ (16 * c)));
+      hi[i] = *reinterpret_cast<const uint4*>(st + ((S::kWOff + S::w_dst(row + 512)) ^ (16 * c)));
+    }
+  };
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
     const int q = (wg * NT + i) * 4 + wi;  // the warp's 16-row tile of its warpgroup's m64 tile i
-    lo[i] = ws[(2 * q) * 32 + lane];
-    hi[i] = ws[(2 * q + 1) * 32 + lane];
     const int row = 16 * q + g;
-    slo[i] = ss[slot * S::kRows + row];
-    shi[i] = ss[slot * S::kRows + row + 8];
+    slo[i] = ss[slot * S::kRows + row] * 0x10001u;
+    shi[i] = ss[slot * S::kRows + row + 8] * 0x10001u;
     const uint32_t* zw = zs + slot * (S::kRows / 8) + 2 * q;
     zlo[i] = row_zero((zw[0] >> zshift) & 0xF);
     zhi[i] = row_zero((zw[1] >> zshift) & 0xF);
   }
+  load_chunks(kNatural ? 0 : lane & 3);
+  const uint32_t pair_shift = 4 * (lane & 3);  // the natural order's pair t: nibbles t and t + 4
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int c = 0; c < 4; ++c) {
     uint32_t af[NT][8];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      const uint32_t wl = j == 0 ? lo[i].x : j == 1 ? lo[i].y : j == 2 ? lo[i].z : lo[i].w;
-      const uint32_t wh = j == 0 ? hi[i].x : j == 1 ? hi[i].y : j == 2 ? hi[i].z : hi[i].w;
-      uint32_t dl[4], dh[4];
-      u4x8_minus_zero_f16x8(wl, zlo[i], dl);  // exact q - z, fp16 pairs (k, k+1)
-      u4x8_minus_zero_f16x8(wh, zhi[i], dh);
+      const uint32_t wl[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, wh[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
+      if constexpr (kNatural) {
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {  // per weight: (q - z) * s rounded once, the reference's W16
-        af[i][2 * p] = mul_f16x2(dl[p], slo[i] * 0x10001u);
-        af[i][2 * p + 1] = mul_f16x2(dh[p], shi[i] * 0x10001u);
+        for (int j = 0; j < 4; ++j) {  // per weight: (q - z) * s rounded once, the reference's W16
+          af[i][2 * j] = mul_f16x2(u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]), slo[i]);
+          af[i][2 * j + 1] = mul_f16x2(u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi[i].biased[0]), shi[i]);
+        }
+      } else {
+        uint32_t dl[4], dh[4];
+        u4x8_minus_zero_f16x8(wl[c], zlo[i], dl);  // exact q - z, fp16 pairs (k, k+1)
+        u4x8_minus_zero_f16x8(wh[c], zhi[i], dh);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {  // per weight: (q - z) * s rounded once, the reference's W16
+          af[i][2 * p] = mul_f16x2(dl[p], slo[i]);
+          af[i][2 * p + 1] = mul_f16x2(dh[p], shi[i]);
+        }
       }
     }
+    if (kNatural && c < 3) load_chunks(c + 1);
     wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint64_t desc = smem_desc_sw128(st_addr + S::kXOff + (j >> 1) * (MT * 128) + (2 * (j & 1) + h) * 32);
+      const uint64_t desc = smem_desc_sw128(st_addr + S::kXOff + (c >> 1) * (MT * 128) + (2 * (c & 1) + h) * 32);
 #pragma unroll
       for (int i = 0; i < NT; ++i)
         wgmma_m64k16_rs<MT>(reinterpret_cast<float(&)[MT / 2]>(acc[i]), af[i][4 * h], af[i][4 * h + 1],
                             af[i][4 * h + 2], af[i][4 * h + 3], desc);
     }
     wgmma_commit();
-    wgmma_wait<1>();  // word j - 1's wgmmas are done: their A fragments' registers are free again
-    if (!kDrain && j == 0 && release != 0) mbar_arrive(release);
-    if (!kDrain && j == 2 && release_a != 0) mbar_arrive(release_a);
+    wgmma_wait<1>();  // word c - 1's wgmmas are done: their A fragments' registers are free again
+    if (!kDrain && c == 0 && release != 0) mbar_arrive(release);
+    if (!kDrain && c == 2 && release_a != 0) mbar_arrive(release_a);
   }
   if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
 }
@@ -320,7 +334,7 @@ __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], c
     mma_threads_sync();
     constexpr int kChunksPerRow = kSliceRows / 8;  // 16 bytes: 8 rows of N (N % 8 == 0: wholly in or out)
 #pragma unroll 4
-    for (int c = threadIdx.x; c < MT * kChunksPerRow; c += kBatchThreads) {
+    for (int c = thread_index_here(); c < MT * kChunksPerRow; c += kBatchThreads) {
       const int t = c / kChunksPerRow, u = c - t * kChunksPerRow;
       const int m = m0 + t, n = n0 + pass * kSliceRows + 8 * u;
       if (m < a.M && n < a.N)
@@ -332,8 +346,8 @@ __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], c
 #endif
 
 // kSplit: split-K (S > 1, launched in clusters of S blocks); a kernel of its own, so that the
-// cluster code is in no kernel launched without clusters.
-template <int MT, int NT, bool kSplit>
+// cluster code is in no kernel launched without clusters. kNatural: wgmma_stage's k order.
+template <int MT, int NT, bool kSplit, bool kNatural>
 __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wgmma_kernel(const BatchArgs a) {
 #if defined(W4_HAS_WGMMA)
   using S = WgStage<MT, NT>;
@@ -369,7 +383,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
     if (next < nkb) loader.load(smem0 + (next % S::kStages) * S::kStageBytes, kb0 + next, a, policy);
     cp_async_commit();
     const int at = (i % S::kStages) * S::kStageBytes;
-    wgmma_stage<S, NT>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
+    wgmma_stage<S, NT, kNatural>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
   }
   cp_async_wait<0>();
   const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
@@ -394,11 +408,12 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // Same numerics and k order as above. An output tile is R = 128 NT rows of N by MT = 64, 128 or 256
 // tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1). Warps 0-7 are two MMA warpgroups
 // (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
-// fills a ring of 3-8 stages (as many as fit) through the bulk copy engine (activations), the
-// tensor copy engine (weights: one box a stage, where 512-byte bulk copies per 8-row tile left the
-// MMA warps waiting) and cp.async (scales, zeros) on mbarriers, each stage in two parts filled and
-// freed apart (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's
-// wgmmas in flight across stage boundaries.
+// fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
+// boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, tokens past M and k
+// past the row zero-filled; weights: one box a stage, swizzled too in the natural order) and
+// cp.async (scales, zeros) on
+// mbarriers, each stage in two parts filled and freed apart (WsBarriers; no block barrier in the
+// loop), while the MMA warps keep the last word's wgmmas in flight across stage boundaries.
 // Two launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
 //   persistent  at most one block per SM (P blocks), each walking its share of the tiles (WsWork):
 //               whole tiles in grid order, then, where the last wave would leave SMs idle, an equal
@@ -407,45 +422,22 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 //               each tile's result leaves through its last stage while the next tile's stages fill.
 //   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
 //               the splits of a tile one cluster, added as the cp.async kernel's.
-// Launch shape: tile_x_kernel (x -> x_tiles [m_tiles, kblocks, MT x 256 B], the stages' swizzled
-// images), then (PDL) grid (P) or grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1); 384
-// threads, dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB
-// (227 KB opt-in at MT = 256), 1 block/SM.
-// Constraints: as the cp.async kernel, with 1 <= M <= 65536; scratch from the caller: x_tiles
-// [m_tiles x MT, Kp] fp16, and for persistent launches partial [P, MT x R] fp32 and flags [P] int32
-// (WsScratch). The weights' tensor map is encoded per launch (weight_tensor_map) and passed by
-// value.
-//
-// Tiles of x. tile_x_kernel writes x_tiles [m_tiles][kblocks][MT x 256 B]: for each tile of MT
-// tokens and 128-k block, the bytes of one shared-memory x stage exactly as WgStage lays them out
-// (the header's k order, two 64-k swizzle atoms, 16-byte unit u of row r at u ^ (r % 8)), tokens
-// past M zero. Each 64-k half of a stage is then one bulk copy: the swizzle is a function of the
-// shared address, and a stage starts 1 KB aligned, so the copied image is already swizzled.
-// It also zeroes the stream-K flags (flags[0 .. nflags), nflags <= chunks), after pdl_wait: the
-// GEMM before may still be reading its own.
-template <typename S, int MT = S::kTokens>
-__global__ void __launch_bounds__(256) tile_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xt, int M,
-                                                     int K, int kblocks, int64_t chunks, int* __restrict__ flags,
-                                                     int nflags) {
-  x_kernel_start();
-  const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
-  if (idx < nflags) flags[idx] = 0;
-  if (idx >= chunks) return;
-  const int oc = (int)(idx & 15);
-  const int r = (int)((idx >> 4) % MT);
-  const int64_t tile_kb = (idx >> 4) / MT;  // m_tile * kblocks + kb
-  const int kb = (int)(tile_kb % kblocks);
-  const int m = (int)(tile_kb / kblocks) * MT + r;
-  uint32_t v[4] = {0u, 0u, 0u, 0u};
-  if (m < M) {
-    const uint32_t* row = x + (size_t)m * (K / 2);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int pair = kb * 64 + oc + 16 * t;
-      v[t] = 2 * pair < K ? __ldg(row + pair) : 0u;
-    }
-  }
-  xt[(tile_kb * (MT * 256) + S::x_dst(r, oc) - S::kXOff) >> 4] = make_uint4(v[0], v[1], v[2], v[3]);
+// Launch shape: grid (P) or grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1); 384 threads,
+// dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
+// opt-in at MT = 256), 1 block/SM; preceded (PDL) by permute_x_kernel in the permuted order, and by
+// zero_flags_kernel where the launch has stream-K.
+// Constraints: as the cp.async kernel, with 1 <= M <= 65536; scratch from the caller (WsScratch):
+// x_perm in the permuted order, and for stream-K partial [Q, MT x R] fp32 and flags [Q] int32 for
+// its Q blocks. The tensor maps of x (or x_perm) and of the weights are encoded per launch
+// (x_tensor_map, weight_tensor_map) and passed by value.
+
+// Zeroes the stream-K flags (flags[0 .. n)) of the GEMM launched after it, after pdl_wait: the
+// GEMM before may still be using the same memory for its own.
+__global__ void __launch_bounds__(256) zero_flags_kernel(int* __restrict__ flags, int n) {
+  pdl_launch_dependents();  // the GEMM copies its first stage's weights meanwhile
+  pdl_wait();
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  if (i < n) flags[i] = 0;
 }
 
 // Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
@@ -459,9 +451,9 @@ static_assert(2 * kWsMmaRegs + kWsProducerRegs == 3 * (65536 / kWsThreads / 8 * 
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
 // The warp-specialised kernel's stages: as many as fit the opt-in limit, up to 8 (3 at MT = 256).
-template <int MT, int NT>
-struct WsStage : StageLayout<MT, NT> {
-  using L = StageLayout<MT, NT>;
+template <int MT, int NT, bool kNatural>
+struct WsStage : StageLayout<MT, NT, kNatural> {
+  using L = StageLayout<MT, NT, kNatural>;
   static constexpr int kStages =
       (kWsSmemLimit - 1024) / L::kStageBytes >= 8 ? 8 : (kWsSmemLimit - 1024) / L::kStageBytes;
   static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
@@ -470,8 +462,8 @@ struct WsStage : StageLayout<MT, NT> {
 
 #if defined(W4_HAS_WGMMA)
 // A stage is filled and freed in two parts, so that the first can be refilled half a k-block
-// before the second is read: part A, the x tile's first 64-k atom (read by words 0 and 1), the
-// weights, scales and zeros (in registers from the stage's start); part B, the second atom.
+// before the second is read: part A, the x tile's first 64-k atom (read by words 0 and 1); part B,
+// the second atom, the weights (read by all four words), scales and zeros.
 // Barriers, kStages each: full_a, full_b (landed), empty_a, empty_b (every MMA thread done).
 struct WsBarriers {
   uint32_t full_a, full_b, empty_a, empty_b;
@@ -537,17 +529,17 @@ struct WsWork {
 };
 
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
-// expects its bytes on full_a and starts one tensor copy of the block's 8-row weight tiles at this
-// k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
-// rows past N zero-filled) and the bulk copy of the x tile's first atom; every lane copies its
-// scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals a phase).
-// Once part B is released, lane 0 copies the second atom, expecting it on full_b. The first
-// stage's weights, scales and zeros go out before pdl_wait (with PDL, while the kernel before
-// still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
-// nanosecond, so every stage's weights queued ahead of the first activations could hold those back
-// by microseconds.
+// expects its bytes on full_a and copies the x tile's first atom (one box of `xmap`). Once part B is
+// released, lane 0 expects its bytes on full_b and starts one tensor copy of the block's 8-row
+// weight tiles at this k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout:
+// one box of `wmap`, rows past N zero-filled) and the copy of the second atom; every lane copies
+// its scale and zero chunks with cp.async and arrives on full_b when they land (33 arrivals a
+// phase). The first stage's weights, scales and zeros go out before pdl_wait (with PDL, while the
+// kernel before still runs); only the first's: an SM's share of the memory bandwidth is about 23
+// bytes a nanosecond, so every stage's weights queued ahead of the first activations could hold
+// those back by microseconds.
 //
-// Stage i's part A but its x atom, for k-block kb of row block cb: the expected bytes (x atom
+// Stage i's part B but its x atom, for k-block kb of row block cb: the expected bytes (x atom
 // included), the weights, scales and zeros.
 template <typename S>
 __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
@@ -558,7 +550,7 @@ __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUte
   const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
   if (lane == 0) {
     mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
-    tensor_copy_3d_g2s(st + S::kWOff, &wmap, 0, kb, cb * kTiles8, full, wpolicy);
+    tensor_copy_4d_g2s(st + S::kWOff, &wmap, 0, 0, kb, cb * kTiles8, full, wpolicy);
   }
   // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
 #pragma unroll
@@ -584,26 +576,27 @@ __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUte
 // waterfall loop (the barrier no longer provably the same in every lane), and the kernel ran
 // 11-17% slower at M = 64, where it is bound by memory (H100, same-run builds, dev/LOG.md).
 template <typename S>
-__device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
-                                                 const WsBarriers& b, int cb, int mt, int kb0, int nkb, int lane) {
+__device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
+                                                 uint32_t smem0, const WsBarriers& b, int cb, int mt, int kb0, int nkb,
+                                                 int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
-  const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)mt * a.kblocks * (S::kTokens * 256);
+  const int m0 = mt * S::kTokens;
   if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
     const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
     if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    const uint32_t st = smem0 + s * S::kStageBytes;
-    const char* xsrc = xbase + (size_t)(kb0 + i) * (S::kTokens * 256);
-    if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
       mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
@@ -615,8 +608,8 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
 // A persistent launch: the block's segments (WsWork) one after another, the ring running on from
 // one tile to the next.
 template <typename S>
-__device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
-                                           const WsBarriers& b, int lane) {
+__device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
+                                           uint32_t smem0, const WsBarriers& b, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
@@ -627,19 +620,18 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
   pdl_wait();
   int i = 0;  // steps into the ring
   for (; more; more = work.next(a, seg)) {
-    const char* xbase = reinterpret_cast<const char*>(a.x) + (size_t)seg.mt * a.kblocks * (S::kTokens * 256);
+    const int m0 = (int)seg.mt * S::kTokens;
     for (int kb = seg.kb_lo; kb < seg.kb_hi; ++kb, ++i) {
       const int s = i % S::kStages;
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
+      const uint32_t st = smem0 + s * S::kStageBytes;
       if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      const uint32_t st = smem0 + s * S::kStageBytes;
-      const char* xsrc = xbase + (size_t)kb * (S::kTokens * 256);
-      if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);
+      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);
+        tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, kb * 128 + 64, m0, b.full_b + 8 * s, xpolicy);
       }
     }
   }
@@ -656,7 +648,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
 // half a tile's k-blocks, so a tile meets at most three ranges). A later block stores its fp32
 // partial tile to global memory in its own registers' order (partial [block][MT R / 4][256
 // threads] float4, one coalesced 512-byte piece a warp and instruction) and raises its flag
-// (counters[block], zeroed by tile_x_kernel); the first block, at the end of its range, waits for
+// (counters[block], zeroed by zero_flags_kernel); the first block, at the end of its range, waits for
 // each flag in block order and adds the partials to its own sum in that order, so the bits depend
 // only on where the cuts lie, which depends only on the shape and the SM count.
 template <int NT, int NB>
@@ -700,7 +692,7 @@ __device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const Batc
 // output tile on its way to y (the other stages fill with the next tile meanwhile), and both parts
 // are released once this thread is done with it. Split-K in a cluster (kSplit) leaves the partial
 // tile in the stages' memory instead, the producer gone.
-template <typename S, int NT, bool kSplit, int MT = S::kTokens>
+template <typename S, int NT, bool kSplit, bool kNatural, int MT = S::kTokens>
 __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
                                            int warp, int lane) {
   WsWork work(a, kSplit);
@@ -727,7 +719,7 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
       mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
       const int off = s * S::kStageBytes;
       // every thread releases the parts it read (an arrive orders only its own thread's reads)
-      wgmma_stage<S, NT, false>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
+      wgmma_stage<S, NT, kNatural, false>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
                                 kb > seg.kb_lo ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u,
                                 kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);
     }
@@ -761,12 +753,14 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
 
 // Persistent (!kSplit): grid (P), P <= the tile count and the SM count; split-K in clusters
 // (kSplit): grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1). kWsThreads threads, S::kSmem
-// bytes of dynamic shared memory; wmap: the weights' tensor map (weight_tensor_map).
-template <int MT, int NT, bool kSplit>
+// bytes of dynamic shared memory; wmap, xmap: the tensor maps of the weights and of x
+// (weight_tensor_map, x_tensor_map). kNatural: wgmma_stage's k order.
+template <int MT, int NT, bool kSplit, bool kNatural>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
-                                                                      const __grid_constant__ CUtensorMap wmap) {
+                                                                      const __grid_constant__ CUtensorMap wmap,
+                                                                      const __grid_constant__ CUtensorMap xmap) {
 #if defined(W4_HAS_WGMMA)
-  using S = WsStage<MT, NT>;
+  using S = WsStage<MT, NT, kNatural>;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[4 * S::kStages];  // WsBarriers
   const uint32_t raw = smem_u32(smem_raw);
@@ -794,10 +788,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     if (warp == kBatchWarps) {
       if constexpr (kSplit) {
         const int kb0 = blockIdx.y * a.kb_per_split;
-        ws_produce_split<S>(a, wmap, smem0, b, blockIdx.x, blockIdx.z, kb0, min(a.kblocks, kb0 + a.kb_per_split) - kb0,
-                            lane);
+        ws_produce_split<S>(a, wmap, xmap, smem0, b, blockIdx.x, blockIdx.z, kb0,
+                            min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);
       } else {
-        ws_produce<S>(a, wmap, smem0, b, lane);
+        ws_produce<S>(a, wmap, xmap, smem0, b, lane);
       }
     }
     if constexpr (kSplit) {
@@ -806,7 +800,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     }
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
-    ws_consume<S, NT, kSplit>(a, smem, smem0, b, warp, lane);
+    ws_consume<S, NT, kSplit, kNatural>(a, smem, smem0, b, warp, lane);
     if constexpr (kSplit) {
       cluster_sync();
       reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
@@ -817,15 +811,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
 }
 
 struct WgVariant {
-  void (*fn)(const BatchArgs);
-  void (*fn_split)(const BatchArgs);
+  void (*fn[2][2])(const BatchArgs);  // [natural][split]
   int rows, smem, tokens;
 };
 
 template <int MT, int NT>
 WgVariant wg_variant() {
-  return {gemm_w4a16_wgmma_kernel<MT, NT, false>, gemm_w4a16_wgmma_kernel<MT, NT, true>, WgStage<MT, NT>::kRows,
-          WgStage<MT, NT>::kSmem, MT};
+  return {{{gemm_w4a16_wgmma_kernel<MT, NT, false, false>, gemm_w4a16_wgmma_kernel<MT, NT, true, false>},
+           {gemm_w4a16_wgmma_kernel<MT, NT, false, true>, gemm_w4a16_wgmma_kernel<MT, NT, true, true>}},
+          WgStage<MT, NT>::kRows,
+          WgStage<MT, NT>::kSmem,
+          MT};
 }
 
 bool pick_wg_variant(int64_t M, int tiles, WgVariant* v) {
@@ -849,24 +845,27 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 }
 
 struct WsVariant {
-  void (*fn)(const BatchArgs, const CUtensorMap);
-  void (*fn_split)(const BatchArgs, const CUtensorMap);
-  void (*tile_x)(const uint32_t*, uint4*, int, int, int, int64_t, int*, int);
+  void (*fn[2][2])(const BatchArgs, const CUtensorMap, const CUtensorMap);  // [natural][split]
   int rows, smem, tokens;
 };
 
 template <int MT, int NT>
 WsVariant ws_variant() {
-  using S = WsStage<MT, NT>;
-  return {gemm_w4a16_ws_kernel<MT, NT, false>, gemm_w4a16_ws_kernel<MT, NT, true>, tile_x_kernel<S>, S::kRows, S::kSmem,
+  using S = WsStage<MT, NT, true>;
+  static_assert(S::kSmem == WsStage<MT, NT, false>::kSmem, "one launch shape for both k orders");
+  return {{{gemm_w4a16_ws_kernel<MT, NT, false, false>, gemm_w4a16_ws_kernel<MT, NT, true, false>},
+           {gemm_w4a16_ws_kernel<MT, NT, false, true>, gemm_w4a16_ws_kernel<MT, NT, true, true>}},
+          S::kRows,
+          S::kSmem,
           S::kTokens};
 }
 
-// The w4-gemv qweight as the tensor copy engine sees it: int32 [N/8 tiles][kblocks][128] (a tile's
-// 512 B at one k-block innermost), in boxes of [tiles8][1][128]: one box is a block's weights at
-// one k-block, landing as tiles8 consecutive 512-byte tiles. The encoder is the driver's, reached
-// through the runtime (no link to libcuda); it is looked up once.
-cudaError_t weight_tensor_map(const int32_t* qweight, int64_t N, int kblocks, int tiles8, CUtensorMap* map) {
+// A tensor map, elements outside the tensor read as zeros; `swizzled`: with the 128-byte swizzle (the
+// stages' layout: 128-byte rows, 16-byte unit u of row r at u ^ (r % 8) from a 1 KB aligned start;
+// the box's innermost 128 bytes). dims, box: innermost first; strides: bytes, dims 1 and up. The
+// encoder is the driver's, reached through the runtime (no link to libcuda); it is looked up once.
+cudaError_t encode_tensor_map(CUtensorMapDataType type, int rank, const void* base, const cuuint64_t* dims,
+                              const cuuint64_t* strides, const cuuint32_t* box, bool swizzled, CUtensorMap* map) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -877,14 +876,35 @@ cudaError_t weight_tensor_map(const int32_t* qweight, int64_t N, int kblocks, in
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(kblocks), static_cast<cuuint64_t>(N / 8)};
-  const cuuint64_t strides[2] = {512, static_cast<cuuint64_t>(kblocks) * 512};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {128, 1, static_cast<cuuint32_t>(tiles8)};
-  const cuuint32_t steps[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_INT32, 3, const_cast<int32_t*>(qweight), dims, strides, box,
-                            steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint32_t steps[4] = {1, 1, 1, 1};
+  const CUtensorMapSwizzle swizzle = swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE;
+  const CUresult r = encode(map, type, rank, const_cast<void*>(base), dims, strides, box, steps,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// The w4-gemv qweight as the tensor copy engine sees it: int32 [N/8 tiles][kblocks][4][32] (a
+// tile's 512 B at one k-block as four 128-byte rows), in boxes of [tiles8][1][4][32]: one box is a
+// block's weights at one k-block, landing as tiles8 consecutive 512-byte tiles, swizzled for the
+// natural k order; for the permuted one as [N/8][kblocks][1][128] in boxes of [tiles8][1][1][128],
+// whole 512-byte rows, which the tensor copy engine moves 1-3% faster (H100, dev/LOG.md).
+cudaError_t weight_tensor_map(const int32_t* qweight, int64_t N, int kblocks, int tiles8, bool natural,
+                              CUtensorMap* map) {
+  const cuuint32_t row = natural ? 32 : 128;  // int32 per box row
+  const cuuint64_t dims[4] = {row, 128 / row, static_cast<cuuint64_t>(kblocks), static_cast<cuuint64_t>(N / 8)};
+  const cuuint64_t strides[3] = {row * 4, 512, static_cast<cuuint64_t>(kblocks) * 512};
+  const cuuint32_t box[4] = {row, 128 / row, 1, static_cast<cuuint32_t>(tiles8)};
+  return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_INT32, 4, qweight, dims, strides, box, natural, map);
+}
+
+// x [M, cols] fp16 (x itself, or x_perm) in boxes of 64 k x `tokens` rows: one 64-k atom of a
+// stage's x tile.
+cudaError_t x_tensor_map(const void* x, int64_t M, int64_t cols, int tokens, CUtensorMap* map) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(M)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(tokens)};
+  return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x, dims, strides, box, true, map);
 }
 
 // variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1)
@@ -1003,9 +1023,71 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   return best;
 }
 
+// The k order of a launch (`order`: 0 = by the rule below, 1 = permuted, 2 = natural; false when
+// natural is asked of a layer it cannot take). x as it lies costs each lane about a quarter more
+// work a weight (the header's "k order"); the permuted order costs a pass over x (read x, write
+// x_perm) and a launch. Natural where a stage has one scale and zero a row (run_slots == 1) and
+// either the tiles have 128 tokens or more (the conversion is then hidden under the tensor cores'
+// work) or the layer has fewer than `small` weights, where the pass over x costs more than the
+// conversion: 2^25 for the cp.async kernel, whose MMA warps also issue the copies, 2^26 for the
+// warp-specialised one (H100, dev/LOG.md seventh session).
+bool pick_k_order(int order, int64_t K, int64_t N, int64_t G, int tokens, int64_t small, int* natural) {
+  const bool one_run = G == K || G % 128 == 0;
+  if (order < 0 || order > 2 || (order == 2 && !one_run)) return false;
+  *natural = order == 2 || (order == 0 && one_run && (tokens >= 128 || K * N < small)) ? 1 : 0;
+  return true;
+}
+constexpr int64_t kWgmmaSmallLayer = int64_t{1} << 25, kWsSmallLayer = int64_t{1} << 26;
+
+// One thread per 16-byte chunk of x_perm [M, Kp]: chunk oc (0..15) of row m's 128-k block b holds
+// the fp16 pairs 16 t + oc (t = 0..3) of that block of x (the header's permuted order, in pairs),
+// zero past K. Lets the GEMM launch at once (PDL): it copies its first stage's weights meanwhile.
+__global__ void __launch_bounds__(256) permute_x_kernel(const uint32_t* __restrict__ x, uint4* __restrict__ xp,
+                                                        int M, int K, int kblocks) {
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous kernel's output
+  const int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  if (idx >= (int64_t)M * kblocks * 16) return;
+  const int oc = (int)(idx & 15);
+  const int64_t mb = idx >> 4;
+  const int m = (int)(mb / kblocks);
+  const int pair0 = (int)(mb - (int64_t)m * kblocks) * 64 + oc;
+  const uint32_t* row = x + (size_t)m * (K / 2);
+  uint32_t v[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int pair = pair0 + 16 * t;
+    v[t] = 2 * pair < K ? __ldg(row + pair) : 0u;
+  }
+  xp[idx] = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// The x a launch stages, and its row length: x itself, or x_perm [M, Kp] at the scratch's start,
+// written by permute_x_kernel (launched here, `pdl` as asked; the GEMM then follows it with PDL).
+cudaError_t stage_x(bool natural, const void* x, void* scratch, int64_t M, int64_t K, bool* pdl, cudaStream_t stream,
+                    const void** staged, int* cols) {
+  if (natural) {
+    *staged = x;
+    *cols = static_cast<int>(K);
+    return cudaSuccess;
+  }
+  const int kblocks = static_cast<int>((K + 127) / 128);
+  const int64_t chunks = M * kblocks * 16;
+  *staged = scratch;
+  *cols = kblocks * 128;
+  const cudaError_t err =
+      launch_kernel(permute_x_kernel, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, *pdl, 1,
+                    static_cast<const uint32_t*>(x), static_cast<uint4*>(scratch), static_cast<int>(M),
+                    static_cast<int>(K), kblocks);
+  *pdl = true;
+  return err;
+}
+
+int64_t x_perm_bytes(bool natural, int64_t M, int64_t K) { return natural ? 0 : M * ((K + 127) / 128) * 128 * 2; }
+
 }  // namespace
 
-cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
+cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int order,
                                   BatchPlan* plan) {
   int device = 0, sms = 132, per_sm = 1;
   cudaGetDevice(&device);
@@ -1014,12 +1096,15 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // SMs idle (the mma.sync kernel's rule); at M > 64 only one fits in registers
   if (tiles == 0) tiles = M <= 64 && N * 5 >= (int64_t)sms * 256 * 4 ? 2 : 1;
   WgVariant v;
-  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v))
+  int natural = 0;
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v) ||
+      !pick_k_order(order, K, N, G, v.tokens, kWgmmaSmallLayer, &natural))
     return cudaErrorInvalidValue;
-  cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(v.fn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  cudaError_t err = cudaSuccess;
+  for (int split = 0; split < 2 && err == cudaSuccess; ++split)
+    err = cudaFuncSetAttribute(v.fn[natural][split], cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn, kBatchThreads, v.smem);
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn[natural][0], kBatchThreads, v.smem);
   if (err != cudaSuccess) return err;
   per_sm = per_sm < 1 ? 1 : per_sm;
   const int kblocks = static_cast<int>((K + 127) / 128);
@@ -1027,8 +1112,8 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   const int64_t stage_bytes = (int64_t)v.rows * 64 + (int64_t)v.tokens * 256;
   plan_splits(splits, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
   if (splits == 0) {
-    const int fit = fit_cluster_splits(reinterpret_cast<const void*>(v.fn_split), kBatchThreads, v.smem, row_blocks,
-                                       plan->splits, (int64_t)sms * per_sm);
+    const int fit = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kBatchThreads, v.smem,
+                                       row_blocks, plan->splits, (int64_t)sms * per_sm);
     if (fit != plan->splits)
       plan_splits(fit, kblocks, row_blocks, sms, per_sm, stage_bytes, M, v.rows, SplitSum::kCluster, plan);
   }
@@ -1037,8 +1122,9 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->tiles = tiles;
   plan->m_tiles = 1;
   plan->kernel = 2;
+  plan->natural = natural;
   plan->ctas = plan->sk_tiles = plan->sk_blocks = 0;
-  plan->scratch_bytes = M * kblocks * 128 * 2;  // x_perm [M, Kp] fp16
+  plan->scratch_bytes = x_perm_bytes(natural, M, K);
   return cudaSuccess;
 }
 
@@ -1046,35 +1132,36 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t*
                                     const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                     int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WgVariant v;
-  const int64_t kp = (K + 127) / 128 * 128;
+  int natural = 0;
   if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || plan.splits > kMaxClusterSplits || scratch == nullptr || plan.scratch_bytes != M * kp * 2)
+      plan.splits < 1 || plan.splits > kMaxClusterSplits ||
+      !pick_k_order(plan.natural ? 2 : 1, K, N, G, v.tokens, kWgmmaSmallLayer, &natural) ||
+      plan.scratch_bytes != x_perm_bytes(natural, M, K) || (!natural && scratch == nullptr) ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0)
     return cudaErrorInvalidValue;
-  void* x_perm = scratch;  // [M, Kp] fp16
-  BatchArgs a = batch_args(x_perm, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
-  a.x_stride = a.x_cols = static_cast<int>(kp);
+  const void* staged = nullptr;
+  int cols = 0;
+  const cudaError_t err = stage_x(natural, x, scratch, M, K, &pdl, stream, &staged, &cols);
+  if (err != cudaSuccess) return err;
+  BatchArgs a = batch_args(staged, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
+  a.x_stride = a.x_cols = cols;
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
-  const int64_t chunks = M * a.kblocks * 16;
-  const cudaError_t err = launch_kernel(permute_x_kernel, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256),
-                                        0, stream, pdl, 1, static_cast<const uint32_t*>(x), static_cast<uint4*>(x_perm),
-                                        a.M, a.K, a.kblocks);
-  if (err != cudaSuccess) return err;
-  return launch_kernel(plan.splits > 1 ? v.fn_split : v.fn, dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads),
-                       v.smem, stream, true, plan.splits, a);
+  return launch_kernel(v.fn[natural][plan.splits > 1], dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), v.smem,
+                       stream, pdl, plan.splits, a);
 }
 
-
-// The scratch of a warp-specialised launch: x_tiles [m_tiles x MT, Kp] fp16, then (persistent
-// launches) the stream-K partials [ctas, MT x R] fp32 and flags [ctas] int32.
+// The scratch of a warp-specialised launch: x_perm [M, Kp] fp16 in the permuted order, then, with
+// stream-K, the partials [sk_blocks, MT x R] fp32 and the flags [sk_blocks] int32.
 struct WsScratch {
   int64_t x_bytes, partial_bytes, flag_bytes;
-  WsScratch(int64_t x_rows, int kblocks, int ctas, int tokens, int rows)
-      : x_bytes(x_rows * kblocks * 128 * 2), partial_bytes((int64_t)ctas * tokens * rows * 4), flag_bytes(ctas * 4) {}
+  WsScratch(bool natural, int64_t M, int64_t K, int sk_blocks, int tokens, int rows)
+      : x_bytes(x_perm_bytes(natural, M, K)), partial_bytes((int64_t)sk_blocks * tokens * rows * 4),
+        flag_bytes((int64_t)sk_blocks * 4) {}
   int64_t total() const { return x_bytes + partial_bytes + flag_bytes; }
 };
 
-cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
+cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant, int order,
                                BatchPlan* plan) {
   int device = 0, sms = 132;
   cudaGetDevice(&device);
@@ -1082,16 +1169,19 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
   if (variant == 0) variant = default_ws_variant(M, K, N, sms);
   WsVariant v;
-  if (!pick_ws_variant(variant, &v)) return cudaErrorInvalidValue;
-  cudaError_t err = cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(v.fn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  int natural = 0;
+  if (!pick_ws_variant(variant, &v) || !pick_k_order(order, K, N, G, v.tokens, kWsSmallLayer, &natural))
+    return cudaErrorInvalidValue;
+  cudaError_t err = cudaSuccess;
+  for (int split = 0; split < 2 && err == cudaSuccess; ++split)
+    err = cudaFuncSetAttribute(v.fn[natural][split], cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
   const int64_t tiles = (int64_t)row_blocks * m_tiles;
   if (splits == 0)
-    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn_split), kWsThreads, v.smem, tiles,
+    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
               M < v.tokens ? M : v.tokens, v.rows, SplitSum::kCluster, plan);
@@ -1100,12 +1190,13 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   plan->rows = v.rows;
   plan->tiles = variant;
   plan->kernel = 3;
+  plan->natural = natural;
   const WsSpread spread(tiles, kblocks, sms);
   const bool persistent = plan->splits == 1;
   plan->ctas = persistent ? spread.ctas : 0;
   plan->sk_tiles = persistent ? spread.sk_tiles : 0;
   plan->sk_blocks = persistent ? spread.sk_blocks : 0;
-  plan->scratch_bytes = WsScratch((int64_t)m_tiles * v.tokens, kblocks, plan->ctas, v.tokens, v.rows).total();
+  plan->scratch_bytes = WsScratch(natural, M, K, plan->sk_blocks, v.tokens, v.rows).total();
   return cudaSuccess;
 }
 
@@ -1113,45 +1204,51 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
                                  const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                  int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WsVariant v;
+  int natural = 0;
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || !pick_ws_variant(plan.tiles, &v) || v.rows != plan.rows ||
-      plan.splits < 1 || plan.splits > kMaxClusterSplits || scratch == nullptr ||
-      plan.m_tiles != (M + v.tokens - 1) / v.tokens || plan.row_blocks != (N + v.rows - 1) / v.rows ||
-      (plan.splits > 1) != (plan.ctas == 0) || plan.sk_tiles < 0 || plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) ||
-      plan.sk_blocks > plan.ctas || plan.sk_tiles > (int64_t)plan.row_blocks * plan.m_tiles)
+      !pick_k_order(plan.natural ? 2 : 1, K, N, G, v.tokens, kWsSmallLayer, &natural) || plan.splits < 1 ||
+      plan.splits > kMaxClusterSplits || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
+      plan.row_blocks != (N + v.rows - 1) / v.rows || (plan.splits > 1) != (plan.ctas == 0) || plan.sk_tiles < 0 ||
+      plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > plan.ctas ||
+      plan.sk_tiles > (int64_t)plan.row_blocks * plan.m_tiles)
     return cudaErrorInvalidValue;
-  const int kblocks = static_cast<int>((K + 127) / 128);
-  const int64_t x_rows = (int64_t)plan.m_tiles * v.tokens;
-  const WsScratch layout(x_rows, kblocks, plan.ctas, v.tokens, v.rows);
-  const int64_t chunks = x_rows * kblocks * 16;
-  if (plan.scratch_bytes != layout.total() || plan.ctas > chunks) return cudaErrorInvalidValue;
+  const WsScratch layout(natural, M, K, plan.sk_blocks, v.tokens, v.rows);
+  if (plan.scratch_bytes != layout.total() || (layout.total() > 0 && scratch == nullptr) ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    return cudaErrorInvalidValue;
   if (plan.sk_tiles > 0) {  // stream-K's blocks wait on later ones: all must be resident at once (one an SM)
     int device = 0, sms = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (plan.ctas > sms) return cudaErrorInvalidValue;
   }
-  char* x_tiles = static_cast<char*>(scratch);
-  float* partial = reinterpret_cast<float*>(x_tiles + layout.x_bytes);  // 16 KB multiples: aligned
-  int* flags = reinterpret_cast<int*>(x_tiles + layout.x_bytes + layout.partial_bytes);
-  BatchArgs a = batch_args(x_tiles, qweight, qzeros, scales, bias, y, partial, flags, M, K, N, G);
-  a.x_stride = a.x_cols = kblocks * 128;
+  char* bytes = static_cast<char*>(scratch);
+  float* partial = plan.sk_blocks > 0 ? reinterpret_cast<float*>(bytes + layout.x_bytes) : nullptr;  // 256 B aligned
+  int* flags = plan.sk_blocks > 0 ? reinterpret_cast<int*>(bytes + layout.x_bytes + layout.partial_bytes) : nullptr;
+  const void* staged = nullptr;
+  int cols = 0;
+  cudaError_t err = stage_x(natural, x, scratch, M, K, &pdl, stream, &staged, &cols);
+  if (err != cudaSuccess) return err;
+  BatchArgs a = batch_args(staged, qweight, qzeros, scales, bias, y, partial, flags, M, K, N, G);
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
   a.m_tiles = plan.m_tiles;
   a.row_blocks = plan.row_blocks;
   a.sk_tiles = plan.sk_tiles;
   a.sk_blocks = plan.sk_blocks;
-  CUtensorMap wmap;
-  cudaError_t err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, &wmap);
+  CUtensorMap wmap, xmap;
+  err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, natural, &wmap);
+  if (err == cudaSuccess) err = x_tensor_map(staged, M, cols, v.tokens, &xmap);
   if (err != cudaSuccess) return err;
-  err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
-                      static_cast<const uint32_t*>(x), reinterpret_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks,
-                      flags, plan.ctas);
-  if (err != cudaSuccess) return err;
-  if (plan.splits > 1)
-    return launch_kernel(v.fn_split, dim3(plan.row_blocks, plan.splits, plan.m_tiles), dim3(kWsThreads), v.smem,
-                         stream, true, plan.splits, a, wmap);
-  return launch_kernel(v.fn, dim3(plan.ctas), dim3(kWsThreads), v.smem, stream, true, 1, a, wmap);
+  if (plan.sk_tiles > 0) {
+    err = launch_kernel(zero_flags_kernel, dim3(static_cast<unsigned>((plan.sk_blocks + 255) / 256)), dim3(256), 0,
+                        stream, pdl, 1, flags, plan.sk_blocks);
+    if (err != cudaSuccess) return err;
+    pdl = true;  // the GEMM starts under its own flags' kernel
+  }
+  return launch_kernel(v.fn[natural][plan.splits > 1],
+                       plan.splits > 1 ? dim3(plan.row_blocks, plan.splits, plan.m_tiles) : dim3(plan.ctas),
+                       dim3(kWsThreads), v.smem, stream, pdl, plan.splits, a, wmap, xmap);
 }
 
 }  // namespace w4

@@ -152,4 +152,11 @@ __device__ __forceinline__ void u4x8_minus_zero_f16x8(uint32_t w, const ZeroF16x
   d[3] = fma_f16x2(lop3<kLutAndOr>(top, kHighNibbles, kF16x2Magic), kF16x2OneSixteenth, z.neg_high[1]);
 }
 
+// The two codes in nibbles p and p + 4 of w (elements 2 p and 2 p + 1 in AWQ order) minus their
+// zero point, as an exact fp16 pair: shift = 4 p, zero_biased = (1024 + z) in both halves (row_zero's
+// `biased`). For a lane that needs one pair of each of several words. 1 shift + 1 lop3 + 1 sub.
+__device__ __forceinline__ uint32_t u4_pair_minus_zero_f16x2(uint32_t w, uint32_t shift, uint32_t zero_biased) {
+  return sub_f16x2(lop3<kLutAndOr>(w >> shift, kLowNibbles, kF16x2Magic), zero_biased);
+}
+
 }  // namespace w4

@@ -235,16 +235,18 @@ at::Tensor gemv_w4_impl(const at::Tensor& x, const at::Tensor& qweight, const at
 
 // x [M, K] fp16, M <= 128 (64 on mma.sync, 65536 on the warp-specialised kernel); the layer; bias -> y [M, N] fp16.
 // splits, tiles: 0 = automatic; kernel: 1 = mma.sync, 2 = wgmma, 3 = warp-specialised wgmma; pdl: programmatic
-// dependent launch (w4_kernels.h).
+// dependent launch; order: the wgmma kernels' k order, 0 = automatic (w4_kernels.h).
 at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& qzeros,
                               const at::Tensor& scales, const c10::optional<at::Tensor>& bias,
-                              int64_t splits, int64_t tiles, int64_t kernel, bool pdl) {
+                              int64_t splits, int64_t tiles, int64_t kernel, bool pdl, int64_t order) {
   const void* bias_ptr = nullptr;
   TORCH_CHECK(kernel >= 1 && kernel <= 3,
               msg("batch: kernel must be 1 (mma.sync), 2 (wgmma) or 3 (warp-specialised wgmma), got ", kernel));
   const int64_t max_m = kernel == 3 ? w4::kWsMaxM : w4::kWgmmaMaxM;  // mma.sync's 64 is its plan's refusal
   const LayerShape s = check_operands(x, qweight, qzeros, scales, bias, max_m, "batch", &bias_ptr);
   TORCH_CHECK(splits >= 0 && splits <= 64, msg("batch: splits must be 0 (automatic) .. 64, got ", splits));
+  TORCH_CHECK(order >= 0 && order <= 2, msg("batch: order must be 0 (automatic), 1 (permuted) or 2 (natural), got ",
+              order));
   gemv_check_aligned16(scales, "scales");  // copied to shared memory 16 bytes at a time
   const int64_t M = x.size(0);
   const c10::cuda::CUDAGuard guard(qweight.device());
@@ -252,9 +254,10 @@ at::Tensor gemm_w4_batch_impl(const at::Tensor& x, const at::Tensor& qweight, co
   if (M == 0) return y;
   w4::BatchPlan plan;
   cudaError_t err = w4::plan_gemm_w4a16_batch(M, s.K, s.N, s.G, static_cast<int>(splits),
-                                              static_cast<int>(tiles), static_cast<int>(kernel), &plan);
+                                              static_cast<int>(tiles), static_cast<int>(kernel), static_cast<int>(order),
+                                              &plan);
   TORCH_CHECK(err == cudaSuccess, msg("batch: no kernel for M=", M, ", K=", s.K, ", N=", s.N, ", G=", s.G,
-              ", splits=", splits, ", tiles=", tiles, ", kernel=", kernel, " on this GPU: ",
+              ", splits=", splits, ", tiles=", tiles, ", kernel=", kernel, ", order=", order, " on this GPU: ",
               cudaGetErrorString(err)));
   at::Tensor partial, counters, scratch;
   if (plan.kernel == 1 && plan.splits > 1) {  // the wgmma kernels add their splits within a cluster
@@ -298,7 +301,7 @@ void register_gemv(py::module_& m) {
         "y[M, N] = x[M, K] W^T (+ bias), int4 W in the w4-gemv layout, one read of W per tile of tokens",
         py::arg("x"), py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("bias") = py::none(), py::arg("splits") = 0, py::arg("tiles") = 0, py::arg("kernel") = 1,
-        py::arg("pdl") = false);
+        py::arg("pdl") = false, py::arg("order") = 0);
   m.def("dequantize_w4_gemv", &dequantize_w4_gemv_impl,
         "w4-gemv layer -> fp16 weight [N, K], bit-exact", py::arg("qweight"), py::arg("qzeros"),
         py::arg("scales"), py::arg("k"));

@@ -167,23 +167,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared through the bulk copy
-// engine, completing on `bar`; with an L2 eviction policy.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                              uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-}
-// One box of a tensor map (a 3-D tile, coordinates innermost first) global -> shared through the
-// tensor copy engine, completing on `bar` with the whole box's bytes (elements outside the tensor
-// arrive as zeros); `map` is the generic address of a __grid_constant__ CUtensorMap.
-__device__ __forceinline__ void tensor_copy_3d_g2s(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar,
+// One box of a tensor map (a 2-D or 4-D tile, coordinates innermost first) global -> shared through
+// the tensor copy engine, completing on `bar` with the whole box's bytes (elements outside the
+// tensor arrive as zeros); `map` is the generic address of a __grid_constant__ CUtensorMap.
+__device__ __forceinline__ void tensor_copy_2d_g2s(uint32_t dst, const void* map, int c0, int c1, uint32_t bar,
                                                    uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void tensor_copy_4d_g2s(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
+                                                   uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(bar), "l"(policy)
       : "memory");
 }
 __device__ __forceinline__ uint64_t evict_normal_policy() {

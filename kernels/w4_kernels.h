@@ -45,13 +45,15 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
 // 3 = warp-specialised wgmma; 2 and 3 on compute capability 9.0 only; w4cli.gpu.kernels.gemv_path
 // chooses by M), its tiling (`tiles`, 0 = by shape: row tiles per warp or warpgroup for kernels
 // 1 and 2, the variant 1..5 of kernel 3, gemm_w4a16_wgmma.cu's pick_ws_variant) and the split-K
-// count (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix both to cover each).
+// count (`splits`, 0 = from a model of the busiest SM; the tests and dev/ fix both to cover each)
+// and, for kernels 2 and 3, the k order x is staged in (`order`: 0 = by shape, 1 = permuted first by
+// an x kernel, 2 = as x lies; gemm_w4a16_wgmma.cu's pick_k_order).
 // The caller then provides, for kernel 1 when plan.splits > 1, partial [splits, M, N] fp32 and
 // counters [plan.row_blocks] int32 scratch (the launch zeroes the counters; kernels 2 and 3 add
 // their split-K partials within a thread block cluster and need neither), and for kernels 2 and 3
-// plan.scratch_bytes of device memory, 256-byte aligned (activations in the kernel's order; kernel
-// 3's stream-K partials and flags). `pdl`: as launch_gemv_w4a16's, for kernels 2 and 3
-// (which also start their main kernel under their own x kernel that way, always); kernel 1 ignores
+// plan.scratch_bytes of device memory, 256-byte aligned (the permuted activations; kernel 3's
+// stream-K partials and flags). `pdl`: as launch_gemv_w4a16's, for kernels 2 and 3 (which
+// also start their GEMM under their own permute or flags kernel that way, always); kernel 1 ignores
 // it (gemm_w4a16_batch.cu says why). Both return cudaErrorInvalidValue for arguments they cannot
 // handle.
 constexpr int64_t kBatchMaxM = 64;
@@ -63,21 +65,22 @@ struct BatchPlan {
   int m_tiles;          // tiles of tokens (kernel 3; 1 otherwise)
   int ctas;             // kernel 3's persistent grid (0: split-K in clusters, or kernels 1-2)
   int sk_tiles, sk_blocks;  // kernel 3's tiles shared out by stream-K, and among how many of the ctas
+  int natural;          // kernels 2 and 3: 1 = x staged as it lies, 0 = permuted first (`order`)
   int64_t scratch_bytes;  // the scratch kernels 2 and 3 need (0 for kernel 1)
 };
 cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,
-                                  BatchPlan* plan);
+                                  int order, BatchPlan* plan);
 cudaError_t launch_gemm_w4a16_batch(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, float* partial,
                                     int* counters, int64_t M, int64_t K, int64_t N, int64_t G,
                                     const BatchPlan& plan, bool pdl, cudaStream_t stream);
 // The wgmma kernels' own plans and launches, called by the two above.
-cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles,
+cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int order,
                                   BatchPlan* plan);
 cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                     const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,
                                     int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream);
-cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant,
+cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant, int order,
                                BatchPlan* plan);
 cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qweight, const int32_t* qzeros,
                                  const void* scales, const void* bias, void* y, int64_t M, int64_t K, int64_t N,

@@ -59,27 +59,34 @@ SHAPES = [
 ]
 
 
-# (kernel, M, row tiles): the mma.sync kernel's variants (NT = 2 only at M <= 16), then the wgmma
-# kernel's (one m64 tile per warpgroup from M = 65), then the warp-specialised kernel's five
+# (kernel, M, row tiles, k order): the mma.sync kernel's variants (NT = 2 only at M <= 16), then the
+# wgmma kernel's (one m64 tile per warpgroup from M = 65), then the warp-specialised kernel's five
 # variants (tokens per tile 64, 64, 128, 128, 256 with 1, 2, 1, 2, 1 m64 tiles per warpgroup): a
-# partial tile of tokens, exactly one, several with a tail
-TILINGS = [(1, 9, 2), (1, 16, 2), (1, 24, 1), (1, 31, 2), (1, 40, 1), (1, 64, 2)] + [
-    (2, m, tiles) for m, tiles in [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1), (128, 1)]] + [
-    (3, m, variant) for m, variant in [(1, 1), (64, 1), (130, 1), (17, 2), (200, 2), (100, 3), (128, 3), (300, 3),
-                                       (65, 4), (257, 4), (129, 5), (256, 5), (511, 5)]]
+# partial tile of tokens, exactly one, several with a tail; the wgmma kernels with x permuted (1)
+# and as it lies (2)
+TILINGS = [(1, m, tiles, 0) for m, tiles in [(9, 2), (16, 2), (24, 1), (31, 2), (40, 1), (64, 2)]] + [
+    (2, m, tiles, order) for m, tiles in [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1),
+                                          (128, 1)] for order in (1, 2)] + [
+    (3, m, variant, order) for m, variant in [(1, 1), (64, 1), (130, 1), (17, 2), (200, 2), (100, 3), (128, 3), (300, 3),
+                                              (65, 4), (257, 4), (129, 5), (256, 5), (511, 5)] for order in (1, 2)]
 
 
 @pytest.mark.parametrize("k,n,g", SHAPES)
-@pytest.mark.parametrize("kernel,m,tiles", TILINGS)
-def test_exact_every_tiling_and_split(kernels, k, n, g, kernel, m, tiles):
+@pytest.mark.parametrize("kernel,m,tiles,order", TILINGS)
+def test_exact_every_tiling_and_split(kernels, k, n, g, kernel, m, tiles, order):
     kernel_or_skip(kernel)
     layer = make_layer(k, n, g, seed=k + n + m, exact=True)
     x = activations(m, k, seed=m, exact=True)
     bias = exact_bias(n, k)
+    if order == 2 and g != k and g % 128 != 0:  # x as it lies takes one scale a row and 128-k block
+        with pytest.raises(RuntimeError, match="no kernel"):
+            kernels._batch(x, **layer, bias=bias, tiles=tiles, kernel=kernel, order=order)
+        return
     ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
     kblocks = -(-k // 128)
     for splits in sorted({1, 2, 3, 7, kblocks}):
-        out = kernels._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles, kernel=kernel)
+        out = kernels._batch(x, **layer, bias=bias, splits=min(splits, kblocks), tiles=tiles, kernel=kernel,
+                             order=order)
         assert_exact(out, ref)
 
 
@@ -106,13 +113,13 @@ def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
 # k-blocks (a partial last one); groups of 64 and single groups: the reference's bits.
 @pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (3, 128, 131),
                                             (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, -50), (5, 511, 3)])
-@pytest.mark.parametrize("k,g", [(384, 128), (200, 200), (4160, 64)])
-def test_stream_k_exact(hopper, variant, m, more, k, g):
+@pytest.mark.parametrize("k,g,order", [(384, 128, 1), (384, 128, 2), (200, 200, 2), (4160, 64, 1)])
+def test_stream_k_exact(hopper, variant, m, more, k, g, order):
     n = stream_k_layer_shape(variant, m, k, more)
     layer = make_layer(k, n, g, seed=k + m + variant, exact=True)
     x = activations(m, k, seed=m, exact=True)
     bias = exact_bias(n, k)
-    assert_exact(hopper._batch(x, **layer, bias=bias, splits=1, tiles=variant, kernel=3),
+    assert_exact(hopper._batch(x, **layer, bias=bias, splits=1, tiles=variant, kernel=3, order=order),
                  w4_gemv.gemv_reference(x, **layer, bias=bias))
 
 
@@ -127,7 +134,7 @@ def test_stream_k_random_and_deterministic(hopper):
 
 
 def test_stream_k_chain_in_a_graph(hopper):
-    # two stream-K layers back to back under PDL in one graph: each launch's x kernel zeroes the
+    # two stream-K layers back to back under PDL in one graph: each launch's flags kernel zeroes the
     # flags only once the GEMM before is done with its own, and every replay starts from zeroed flags
     n = stream_k_layer_shape(5, 1000, 4096, 20)
     first = make_layer(4096, n, 128, seed=12, exact=False)
@@ -138,10 +145,11 @@ def test_stream_k_chain_in_a_graph(hopper):
 # the cp.async wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond
 @pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 28672)])
 @pytest.mark.parametrize("m,kernel", [(24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (1000, 3)])
-def test_wgmma_random_real_shapes(hopper, k, n, m, kernel):
+@pytest.mark.parametrize("order", [1, 2])
+def test_wgmma_random_real_shapes(hopper, k, n, m, kernel, order):
     layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
     x = activations(m, k, seed=m, exact=False)
-    assert_close(hopper._batch(x, **layer, kernel=kernel), x, layer, None)
+    assert_close(hopper._batch(x, **layer, kernel=kernel, order=order), x, layer, None)
 
 
 REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
@@ -217,17 +225,19 @@ def assert_pdl_chain_replays(kernels, first: dict, second: dict, m: int, k: int)
 
 
 @pytest.mark.parametrize("m", [20, 40, 100, 300])
-def test_pdl_chain_in_a_graph(kernels, m):
+@pytest.mark.parametrize("n", [4096, 8200])
+def test_pdl_chain_in_a_graph(kernels, m, n):
     # with pdl=True each layer's kernels start under the previous kernel (Hopper): activations are
     # read only once written, so a chain of layers in one graph gives the bits of plain launches,
-    # also when the input changes between replays
+    # also when the input changes between replays; the second layer at N = 8200 takes x permuted
+    # by an x kernel up to M = 64, as it lies from there (the first always as it lies)
     first = make_layer(4096, 4096, 128, seed=7, exact=False)
-    second = make_layer(4096, 4096, 128, seed=8, exact=False)
+    second = make_layer(4096, n, 128, seed=8, exact=False)
     assert_pdl_chain_replays(kernels, first, second, m, 4096)
 
 
-@pytest.mark.parametrize("kernel", [1, 2, 3])
-def test_cuda_graph_capture_with_splits(kernels, kernel):
+@pytest.mark.parametrize("kernel,order", [(1, 0), (2, 1), (2, 2), (3, 1), (3, 2)])
+def test_cuda_graph_capture_with_splits(kernels, kernel, order):
     # the mma.sync kernel's split-K counters are zeroed inside the capture (a memset node) on every
     # replay, the wgmma kernels' clusters launch in it; the permuted activations are rewritten every
     # replay too
@@ -235,11 +245,11 @@ def test_cuda_graph_capture_with_splits(kernels, kernel):
     layer = make_layer(4096, 520, 128, seed=5, exact=True)
     ref = None
     x = activations(20, 4096, seed=5, exact=True)
-    kernels._batch(x, **layer, splits=4, kernel=kernel)
+    kernels._batch(x, **layer, splits=4, kernel=kernel, order=order)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernels._batch(x, **layer, splits=4, kernel=kernel)
+        out = kernels._batch(x, **layer, splits=4, kernel=kernel, order=order)
     ref = w4_gemv.gemv_reference(x, **layer)
     for _ in range(3):
         graph.replay()
@@ -306,6 +316,13 @@ def test_binding_messages(kernels):
             mod.gemm_w4_batch(huge, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3)
         with pytest.raises(RuntimeError, match="no kernel"):  # variants are 1..5
             mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 6, 3)
+        with pytest.raises(RuntimeError, match="no kernel"):  # x as it lies: one scale a 128-k block
+            mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3, False, 2)
+    with pytest.raises(RuntimeError, match="order must be"):
+        mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3, False, 3)
+    with pytest.raises(RuntimeError, match="no kernel"):  # the mma.sync kernel has one order
+        mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 1, False,
+                          1)
     odd = off_by_one_element(layer["scales"])
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         mod.gemm_w4_batch(x[:20].contiguous(), layer["qweight"], layer["qzeros"], odd, None, 0, 0)
