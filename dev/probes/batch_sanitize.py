@@ -7,7 +7,7 @@ misaligned accesses, uninitialised reads) without the test harness around it:
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py 1 3 5   (those kernel-3 variants only)
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py kernels=2,3 splits=1 m=17,100,300
 
-kernels=, splits=, m= narrow the sweep (racecheck runs each launch hundreds of times slower).
+kernels=, splits=, m=, orders= narrow the sweep (racecheck runs each launch hundreds of times slower).
 
 Checks each output against the reference too, so a run that the tool lets through still fails
 loudly on a wrong result.
@@ -28,6 +28,7 @@ narrow = dict(v.split("=") for v in sys.argv[1:] if "=" in v)
 kernel_set = [int(v) for v in narrow.get("kernels", "3" if only else "1,2,3").split(",")]
 split_set = [int(v) for v in narrow.get("splits", "1,3,6").split(",")]
 m_set = [int(v) for v in narrow.get("m", "9,17,33,64,100,128,300").split(",")]
+order_set = [int(v) for v in narrow.get("orders", "1,2").split(",")]  # the wgmma kernels' k orders
 bad = 0
 # the last shape has more than 132 tiles of 128 rows: the warp-specialised kernel's stream-K cuts
 for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32), (256, 17912, 128)]:
@@ -41,12 +42,16 @@ for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136,
             for tiles in ((only or range(1, 6)) if kernel == 3 else (1, 2)):
                 if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
                     continue  # no such variant (the planner's tables)
-                for splits in split_set:
-                    out = kernels._batch(x, **layer, splits=splits, tiles=tiles, kernel=kernel)
-                    errors = gemv_errors(out.cpu(), x.cpu(), weight)
-                    if not errors.passed:
-                        bad += 1
-                        print(f"FAIL k={k} n={n} g={g} m={m} kernel={kernel} tiles={tiles} splits={splits}: {errors}")
+                for order in order_set if kernel > 1 else (0,):
+                    if order == 2 and g != k and g % 128 != 0:
+                        continue  # x as it lies takes one scale a row and 128-k block
+                    for splits in split_set:
+                        out = kernels._batch(x, **layer, splits=splits, tiles=tiles, kernel=kernel, order=order)
+                        errors = gemv_errors(out.cpu(), x.cpu(), weight)
+                        if not errors.passed:
+                            bad += 1
+                            print(f"FAIL k={k} n={n} g={g} m={m} kernel={kernel} tiles={tiles} order={order} "
+                                  f"splits={splits}: {errors}")
 torch.cuda.synchronize()
 print("done,", bad, "failures")
 raise SystemExit(1 if bad else 0)

@@ -3,7 +3,10 @@ and another copy (e.g. an older commit's, `git archive <rev> kernels | tar -x -C
 the bench's harness at the same shapes and M, alternating, outputs checked against the reference.
 
     PYTHONPATH=. python3 dev/probes/compare_builds.py DIR [DIR ...] [--shapes 8192x28672] [--m 64,1024] [--kernel 3]
-        [--reps 2]
+        [--reps 2] [--orders 1,2]
+
+--orders times the shipped tree once per k order of the wgmma kernels (1 permuted, 2 as x lies; 0
+the planner's), each as its own column.
 """
 
 from __future__ import annotations
@@ -47,13 +50,18 @@ def main() -> int:
     ap.add_argument("--m", default="64,1024")
     ap.add_argument("--kernel", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--orders", default="0")
     args = ap.parse_args()
-    mods = {"shipped": build_tree("shipped", kernels.KERNEL_DIR)}
+    shipped = build_tree("shipped", kernels.KERNEL_DIR)
+    mods = {f"o{o}" if args.orders != "0" else "shipped": (shipped, int(o)) for o in args.orders.split(",")}
     for d in args.others:
-        mods[Path(d).name] = build_tree(Path(d).name, Path(d))
-    time_alternately(mods, args.shapes, args.m,
-                     lambda mod, x, qw, qz, s, b: mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel),
-                     label=f" kernel {args.kernel}", reps=args.reps)
+        mods[Path(d).name] = (build_tree(Path(d).name, Path(d)), None)
+    def call(entry, x, qw, qz, s, b):
+        mod, order = entry
+        if order is None:  # another tree: its own binding, which may not know `order`
+            return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel)
+        return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel, False, order)
+    time_alternately(mods, args.shapes, args.m, call, label=f" kernel {args.kernel}", reps=args.reps)
     return 0
 
 

@@ -18,8 +18,6 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
                but nothing added or written (the warp-specialised kernel only)
     nostore    no output stores (the warp-specialised kernel without split-K): the epilogue's cost
-    notilex    no tile_x_kernel before the GEMM (it reads whatever x_tiles holds; a memset zeroes
-               the stream-K flags instead): the x kernel's share of a call, PDL overlap included
 """
 
 from __future__ import annotations
@@ -36,42 +34,38 @@ from w4cli.bench import cases
 
 KERNEL = "gemm_w4a16_wgmma.cu"
 
-CONVERT = """      uint32_t dl[4], dh[4];
-      u4x8_minus_zero_f16x8(wl, zlo[i], dl);  // exact q - z, fp16 pairs (k, k+1)
-      u4x8_minus_zero_f16x8(wh, zhi[i], dh);
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {  // per weight: (q - z) * s rounded once, the reference's W16
-        af[i][2 * p] = mul_f16x2(dl[p], slo[i] * 0x10001u);
-        af[i][2 * p + 1] = mul_f16x2(dh[p], shi[i] * 0x10001u);
+CONVERT = """      for (int j = 0; j < 4; ++j) {  // per weight: (q - z) * s rounded once, the reference's W16
+        af[i][2 * j] = mul_f16x2(u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo), slo);
+        af[i][2 * j + 1] = mul_f16x2(u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi), shi);
       }"""
-NOSCALE = """      uint32_t dl[4], dh[4];
-      u4x8_minus_zero_f16x8(wl, zlo[i], dl);
-      u4x8_minus_zero_f16x8(wh, zhi[i], dh);
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        af[i][2 * p] = dl[p];
-        af[i][2 * p + 1] = dh[p];
+NOSCALE = """      for (int j = 0; j < 4; ++j) {
+        af[i][2 * j] = u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo);
+        af[i][2 * j + 1] = u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi);
       }"""
-NOCONVERT = """#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        af[i][2 * p] = wl + p;
-        af[i][2 * p + 1] = wh + p;
+NOCONVERT = """      for (int j = 0; j < 4; ++j) {
+        af[i][2 * j] = wl[j] + slo + zlo;
+        af[i][2 * j + 1] = wh[j] + shi + zhi;
       }"""
-LOOP = """      const int s = i % S::kStages;
-      const uint32_t parity = ((i / S::kStages) + 1) & 1;
-      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(b.full_a + 8 * s, kAtom);
+        tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
+      }
+      if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);"""
-NODATA = """      const int s = i % S::kStages;
-      const uint32_t parity = ((i / S::kStages) + 1) & 1;
-      if (i > 0 && i < S::kStages) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (i >= S::kStages) {
+NODATA = """      if (i >= S::kStages) {
         mbar_wait(b.empty_a + 8 * s, parity);
         if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
-        mbar_arrive(b.full_a + 8 * s);
         mbar_wait(b.empty_b + 8 * s, parity);
         if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
+        mbar_arrive(b.full_b + 8 * s);
         continue;
-      }"""
+      }
+      if (lane == 0) {
+        mbar_arrive_expect_tx(b.full_a + 8 * s, kAtom);
+        tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
+      }
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);"""
 
 SZ_LOOP = """    if (slot < a.run_slots) {
       const int n0 = cb * S::kRows + 8 * c;"""
@@ -79,25 +73,21 @@ NOSZ = """    if (slot < a.run_slots && i < S::kStages) {
       const int n0 = cb * S::kRows + 8 * c;"""
 XA = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);"""
 NOXA = """    mbar_arrive_expect_tx(full, (i < S::kStages ? S::kTokens * 128 : 0) + kTiles8 * 512);"""
-XA2 = """    if (lane == 0) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);"""
-NOXA2 = """    if (lane == 0 && i < S::kStages) bulk_copy_g2s(st + S::kXOff, xsrc, kAtom, b.full_a + 8 * s, xpolicy);"""
-XB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
-NOXB = """      mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);
-      if (i < S::kStages) bulk_copy_g2s(st + S::kXOff + kAtom, xsrc + kAtom, kAtom, b.full_b + 8 * s, xpolicy);"""
+XA2 = """mbar_arrive_expect_tx(b.full_a + 8 * s, kAtom);"""
+NOXA2 = """mbar_arrive_expect_tx(b.full_a + 8 * s, i < S::kStages ? kAtom : 0);"""
+XA3 = """tensor_copy_2d_g2s(st + S::kXOff, &xmap,"""
+NOXA3 = """if (i < S::kStages) tensor_copy_2d_g2s(st + S::kXOff, &xmap,"""
+XB = """    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff + kAtom,"""
+NOXB = """    if (lane == 0 && i < S::kStages) tensor_copy_2d_g2s(st + S::kXOff + kAtom,"""
 W = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
-    tensor_copy_3d_g2s("""
+    tensor_copy_4d_g2s("""
 NOW = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + (i < S::kStages ? kTiles8 * 512 : 0));
-    if (i < S::kStages) tensor_copy_3d_g2s("""
+    if (i < S::kStages) tensor_copy_4d_g2s("""
 SPLIT = """      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
 """
 NOREDUCE = ""
 STORE = """        store_result_tile<MT, S::kRows, NT, kPasses>("""
 NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRows, NT, kPasses>("""
-TILEX = """  err = launch_kernel(v.tile_x, dim3(static_cast<unsigned>((chunks + 255) / 256)), dim3(256), 0, stream, pdl, 1,
-                      static_cast<const uint32_t*>(x), reinterpret_cast<uint4*>(x_tiles), a.M, a.K, a.kblocks, chunks,
-                      flags, plan.ctas);"""
-NOTILEX = """  err = cudaMemsetAsync(flags, 0, sizeof(int) * plan.ctas, stream);  // (the stream-K flags tile_x_kernel zeroes)"""
 
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
@@ -106,11 +96,10 @@ BUILDS = {  # name: [(file, old, new)]
     "nodata": [(KERNEL, LOOP, NODATA)],
     "mma_only": [(KERNEL, CONVERT, NOCONVERT), (KERNEL, LOOP, NODATA)],
     "nosz": [(KERNEL, SZ_LOOP, NOSZ)],
-    "nox": [(KERNEL, XA, NOXA), (KERNEL, XA2, NOXA2), (KERNEL, XB, NOXB)],
+    "nox": [(KERNEL, XA, NOXA), (KERNEL, XA2, NOXA2), (KERNEL, XA3, NOXA3), (KERNEL, XB, NOXB)],
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
     "nostore": [(KERNEL, STORE, NOSTORE)],
-    "notilex": [(KERNEL, TILEX, NOTILEX)],
 }
 
 
