@@ -31,7 +31,7 @@
 //             nibbles t and t + 4 (the AWQ order puts elements 2 t, 2 t + 1 of a word there). So at
 //             word c every lane loads chunk c of its row (the quad's four lanes the same 16 bytes, a
 //             broadcast) and converts pair t of each of its words: 1 shift, 1 lop3, 1 sub and 1 mul
-//             per 2 weights, a quarter more. Its weight tiles are stored with the 128-byte swizzle
+//             per 2 weights, a quarter more, and no pass over x. Its weight tiles are stored with the 128-byte swizzle
 //             (16-byte unit u of 128-byte row r at u ^ (r % 8)), so that the 8 rows of a warp's load
 //             fall on 8 different unit columns. One scale and zero a row and 128-k block only.
 // Both orders give the same products, summed in the tensor cores' fp32 in a different order.
@@ -411,9 +411,9 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
 // boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, tokens past M and k
 // past the row zero-filled; weights: one box a stage, swizzled too in the natural order) and
-// cp.async (scales, zeros) on
-// mbarriers, each stage in two parts filled and freed apart (WsBarriers; no block barrier in the
-// loop), while the MMA warps keep the last word's wgmmas in flight across stage boundaries.
+// cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
+// (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
+// flight across stage boundaries.
 // Two launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
 //   persistent  at most one block per SM (P blocks), each walking its share of the tiles (WsWork):
 //               whole tiles in grid order, then, where the last wave would leave SMs idle, an equal
@@ -462,8 +462,9 @@ struct WsStage : StageLayout<MT, NT, kNatural> {
 
 #if defined(W4_HAS_WGMMA)
 // A stage is filled and freed in two parts, so that the first can be refilled half a k-block
-// before the second is read: part A, the x tile's first 64-k atom (read by words 0 and 1); part B,
-// the second atom, the weights (read by all four words), scales and zeros.
+// before the second is read: part A, the x tile's first 64-k atom (read by words 0 and 1), the
+// weights, scales and zeros (in registers, or their loads issued, by the third word's wait); part
+// B, the second atom.
 // Barriers, kStages each: full_a, full_b (landed), empty_a, empty_b (every MMA thread done).
 struct WsBarriers {
   uint32_t full_a, full_b, empty_a, empty_b;
@@ -529,17 +530,17 @@ struct WsWork {
 };
 
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
-// expects its bytes on full_a and copies the x tile's first atom (one box of `xmap`). Once part B is
-// released, lane 0 expects its bytes on full_b and starts one tensor copy of the block's 8-row
-// weight tiles at this k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout:
-// one box of `wmap`, rows past N zero-filled) and the copy of the second atom; every lane copies
-// its scale and zero chunks with cp.async and arrives on full_b when they land (33 arrivals a
-// phase). The first stage's weights, scales and zeros go out before pdl_wait (with PDL, while the
-// kernel before still runs); only the first's: an SM's share of the memory bandwidth is about 23
-// bytes a nanosecond, so every stage's weights queued ahead of the first activations could hold
-// those back by microseconds.
+// expects its bytes on full_a and starts one tensor copy of the block's 8-row weight tiles at this
+// k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
+// rows past N zero-filled) and the copy of the x tile's first atom (one box of `xmap`); every lane
+// copies its scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals
+// a phase). Once part B is released, lane 0 copies the second atom, expecting it on full_b. The
+// first stage's weights, scales and zeros go out before pdl_wait (with PDL, while the kernel
+// before still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
+// nanosecond, so every stage's weights queued ahead of the first activations could hold those back
+// by microseconds.
 //
-// Stage i's part B but its x atom, for k-block kb of row block cb: the expected bytes (x atom
+// Stage i's part A but its x atom, for k-block kb of row block cb: the expected bytes (x atom
 // included), the weights, scales and zeros.
 template <typename S>
 __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
@@ -720,8 +721,8 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
       const int off = s * S::kStageBytes;
       // every thread releases the parts it read (an arrive orders only its own thread's reads)
       wgmma_stage<S, NT, kNatural, false>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
-                                kb > seg.kb_lo ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u,
-                                kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);
+                                          kb > seg.kb_lo ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u,
+                                          kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);
     }
     wgmma_wait<0>();
     const int held = (i - 1) % S::kStages;  // the tile's last stage, neither part released (but with split-K)
