@@ -999,15 +999,16 @@ struct WsSpread {
 // The variant whose waves of blocks cost least: the waves (whole ones with split-K, WsSpread's
 // without) x the block's MT x R
 // x (its k-blocks, plus a split-K reduction's) x the variant's cost per unit of work (relative to
-// variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; H100, variants
-// 3-5 from 8192x28672 at M = 4096, 1 and 2 fitted to a sweep of every variant on the seven Llama
-// shapes at M = 64-1024, where this pick is within 3% of the best on 32 of 35 cells). A
+// variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; H100, fitted
+// to a sweep of every variant on the seven Llama shapes at M = 64-1024 with both k orders as
+// pick_k_order takes them, where this pick is within 3% of the best on 34 of 35 cells, 7% off on
+// 14336x4096 at M = 128, dev/LOG.md seventh session). A
 // reduction counts as S + kSplitBaseCost k-blocks: each block stores its partial tile, the
 // cluster's barriers wait for its slowest block, and the blocks read S slices of a tile about a
 // k-block's stage in bytes.
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
-  static constexpr int64_t kCost[6] = {0, 200, 130, 122, 105, 100};
+  static constexpr int64_t kCost[6] = {0, 190, 130, 130, 125, 100};
   constexpr int64_t kSplitBaseCost = 2;
   const int kblocks = static_cast<int>((K + 127) / 128);
   int best = 5;
