@@ -230,7 +230,8 @@ def test_pdl_chain_in_a_graph(kernels, m, n):
     # with pdl=True each layer's kernels start under the previous kernel (Hopper): activations are
     # read only once written, so a chain of layers in one graph gives the bits of plain launches,
     # also when the input changes between replays; the second layer at N = 8200 takes x permuted
-    # by an x kernel up to M = 64, as it lies from there (the first always as it lies)
+    # by an x kernel at M = 20 (the cp.async kernel, above its 2^25 weights), as it lies from M = 33
+    # (the first always as it lies)
     first = make_layer(4096, 4096, 128, seed=7, exact=False)
     second = make_layer(4096, n, 128, seed=8, exact=False)
     assert_pdl_chain_replays(kernels, first, second, m, 4096)
