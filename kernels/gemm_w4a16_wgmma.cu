@@ -1002,7 +1002,7 @@ struct WsSpread {
 // variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; H100, fitted
 // to a sweep of every variant on the seven Llama shapes at M = 64-1024 with both k orders as
 // pick_k_order takes them, where this pick is within 3% of the best on 34 of 35 cells, 7% off on
-// 14336x4096 at M = 128, dev/LOG.md seventh session). A
+// 14336x4096 at M = 128; dev/LOG.md). A
 // reduction counts as S + kSplitBaseCost k-blocks: each block stores its partial tile, the
 // cluster's barriers wait for its slowest block, and the blocks read S slices of a tile about a
 // k-block's stage in bytes.
@@ -1032,7 +1032,7 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
 // either the tiles have 128 tokens or more (the conversion is then hidden under the tensor cores'
 // work) or the layer has fewer than `small` weights, where the pass over x costs more than the
 // conversion: 2^25 for the cp.async kernel, whose MMA warps also issue the copies, 2^26 for the
-// warp-specialised one (H100, dev/LOG.md seventh session).
+// warp-specialised one (H100, dev/LOG.md).
 bool pick_k_order(int order, int64_t K, int64_t N, int64_t G, int tokens, int64_t small, int* natural) {
   const bool one_run = G == K || G % 128 == 0;
   if (order < 0 || order > 2 || (order == 2 && !one_run)) return false;
