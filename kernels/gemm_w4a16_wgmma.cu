@@ -421,7 +421,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 //               a fixed order, "stream-K" below). The ring runs on from one tile to the next, and
 //               each tile's result leaves through its last stage while the next tile's stages fill.
 //   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
-//               the splits of a tile one cluster, added as the cp.async kernel's.
+//               the splits of a tile one cluster, added as the cp.async kernel's; unless stream-K
+//               over every SM is modelled cheaper (the clusters that fit at once can leave SMs idle).
 // Launch shape: grid (P) or grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1); 384 threads,
 // dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
 // opt-in at MT = 256), 1 block/SM; preceded (PDL) by permute_x_kernel in the permuted order, and by
@@ -645,8 +646,8 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
 
 // ---- stream-K: a tile cut between the blocks of a persistent launch ----
 // A tile whose k-blocks fall into several blocks' ranges: the first block has k-blocks 0 .. j at
-// the end of its range, each later one a piece at the start of its own (a range holds more than
-// half a tile's k-blocks, so a tile meets at most three ranges). A later block stores its fp32
+// the end of its range, each later one a piece at the start of its own (or its whole range, where
+// ranges are shorter than a tile: a tile meets as many ranges as it takes). A later block stores its fp32
 // partial tile to global memory in its own registers' order (partial [block][MT R / 4][256
 // threads] float4, one coalesced 512-byte piece a warp and instruction) and raises its flag
 // (counters[block], zeroed by zero_flags_kernel); the first block, at the end of its range, waits for
@@ -973,22 +974,41 @@ int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
   return splits < 1 ? 1 : static_cast<int>(splits);
 }
 
+// Split-K's reduction, in k-blocks of a block's time: each block stores its partial tile, the
+// cluster's barriers wait for its slowest block, and the blocks read S slices of a tile about a
+// k-block's stage in bytes: S + kSplitBaseCost.
+constexpr int64_t kSplitBaseCost = 2;
+
 // A persistent launch without split-K: `ctas` blocks (one per SM at most) over `tiles` tiles, the
 // last `sk_tiles` of them shared out by stream-K among the first `sk_blocks`; `waves`, in thousandths,
 // the tiles' time a block. Stream-K takes a last wave where its shares plus kStreamKCost (the
 // partials, and weights no longer shared through L2 by blocks each at its own k-block) come to
-// less than a wave, and a launch of less than a wave only with more than half as many tiles as SMs
-// (fewer take split-K); each block's share is at least half a tile, so a tile meets at most three
-// shares.
+// less than a wave, each block's share then at least half a tile. A launch of fewer tiles than half
+// the SMs (where split-K is the planner's usual choice) spreads its k-blocks over every SM where
+// the shares plus kStreamKCutKblocks a cut come to less than 90% of a tile's k-blocks: there a
+// tile is cut into about SMs / tiles pieces, and its first block reads the others' partials in
+// turn (a 64-128 KB fp32 partial at about 27 bytes a nanosecond, about 3 k-blocks of the tile's
+// variant; H100, dev/LOG.md).
 struct WsSpread {
   static constexpr int64_t kStreamKCost = 250;  // thousandths of a wave (H100, dev/LOG.md)
+  static constexpr int64_t kStreamKCutKblocks = 3;
   int ctas, sk_tiles, sk_blocks;
   int64_t waves;
   WsSpread(int64_t tiles, int kblocks, int sms) {
-    const int64_t rest = tiles % sms, whole = tiles / sms;
-    const int64_t steps = rest * kblocks, share = 2 * rest < sms ? 2 * rest : sms;
+    const int64_t rest = tiles % sms, whole = tiles / sms, steps = rest * kblocks;
+    if (whole == 0 && 2 * rest <= sms) {
+      const int64_t blocks = steps < sms ? steps : sms;
+      // thousandths of a k-block
+      const int64_t cost = steps * 1000 / blocks + kStreamKCutKblocks * 1000 * blocks / tiles;
+      const bool sk = cost * 10 < 9 * 1000 * int64_t{kblocks};
+      sk_tiles = sk ? static_cast<int>(tiles) : 0;
+      sk_blocks = ctas = sk ? static_cast<int>(blocks) : static_cast<int>(tiles);
+      waves = sk ? cost / kblocks : 1000;
+      return;
+    }
+    const int64_t share = 2 * rest < sms ? 2 * rest : sms;
     const int64_t blocks = steps < share ? steps : share;
-    const bool sk = rest > 0 && (whole > 0 || 2 * rest > sms) && rest * 1000 / blocks + kStreamKCost < 1000;
+    const bool sk = rest > 0 && rest * 1000 / blocks + kStreamKCost < 1000;
     sk_tiles = sk ? static_cast<int>(rest) : 0;
     sk_blocks = sk ? static_cast<int>(blocks) : 0;
     ctas = whole > 0 ? sms : sk ? sk_blocks : static_cast<int>(tiles);
@@ -1002,14 +1022,10 @@ struct WsSpread {
 // variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; H100, fitted
 // to a sweep of every variant on the seven Llama shapes at M = 64-1024 with both k orders as
 // pick_k_order takes them, where this pick is within 3% of the best on 34 of 35 cells, 7% off on
-// 14336x4096 at M = 128; dev/LOG.md). A
-// reduction counts as S + kSplitBaseCost k-blocks: each block stores its partial tile, the
-// cluster's barriers wait for its slowest block, and the blocks read S slices of a tile about a
-// k-block's stage in bytes.
+// 14336x4096 at M = 128; dev/LOG.md).
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 190, 130, 130, 125, 100};
-  constexpr int64_t kSplitBaseCost = 2;
   const int kblocks = static_cast<int>((K + 127) / 128);
   int best = 5;
   int64_t best_cost = INT64_MAX;
@@ -1182,9 +1198,15 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
   const int64_t tiles = (int64_t)row_blocks * m_tiles;
-  if (splits == 0)
+  if (splits == 0) {
     splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
+    // split-K against stream-K over every SM, in thousandths of a k-block of one block's time:
+    // clusters need whole GPCs' worth of free SMs, so the S that fits can leave SMs idle
+    const WsSpread spread(tiles, kblocks, sms);
+    const int64_t split_cost = ((kblocks + splits - 1) / splits + splits + kSplitBaseCost) * 1000;
+    if (splits > 1 && spread.sk_tiles > 0 && spread.waves * kblocks * 10 < 9 * split_cost) splits = 1;
+  }
   plan_splits(splits, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
               M < v.tokens ? M : v.tokens, v.rows, SplitSum::kCluster, plan);
   plan->row_blocks = row_blocks;

@@ -108,11 +108,15 @@ def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
 # Stream-K: without split-K the warp-specialised kernel runs one block per SM, whole tiles first,
 # then a last wave at most 80% full (or a launch of more than half a wave) shared out in equal
 # pieces of at least half a tile: a tile is cut between two or three blocks wherever the pieces
-# end, and the first block adds the others' partials. Every variant; tile counts past whole waves
-# and below one (cuts at different k-blocks), and without stream-K (a fuller last wave); K of 2-33
-# k-blocks (a partial last one); groups of 64 and single groups: the reference's bits.
-@pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (3, 128, 131),
-                                            (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, -50), (5, 511, 3)])
+# end, and the first block adds the others' partials. A launch of fewer tiles than half the SMs
+# spreads its k-blocks over every SM where that pays (33 k-blocks here: a tile in 4-6 pieces,
+# some of them inside it) and runs a tile a block where it does not (2-3 k-blocks). Every variant;
+# tile counts past whole waves and below one (cuts at different k-blocks), and without stream-K (a
+# fuller last wave); K of 2-33 k-blocks (a partial last one); groups of 64 and single groups: the
+# reference's bits.
+@pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (2, 64, -100),
+                                            (3, 128, 131), (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, -50),
+                                            (5, 256, -110), (5, 511, 3)])
 @pytest.mark.parametrize("k,g,order", [(384, 128, 1), (384, 128, 2), (200, 200, 2), (4160, 64, 1)])
 def test_stream_k_exact(hopper, variant, m, more, k, g, order):
     n = stream_k_layer_shape(variant, m, k, more)
@@ -131,6 +135,18 @@ def test_stream_k_random_and_deterministic(hopper):
     assert_close(first, x, layer, None)
     for _ in range(3):
         assert torch.equal(bits(hopper._batch(x, **layer, splits=1, tiles=5, kernel=3)), bits(first))
+
+
+def test_stream_k_over_every_sm_random_and_deterministic(hopper):
+    # Llama-3-70B's down_proj at M = 64: 32 tiles of 64 x 256 over 224 k-blocks, where the clusters of
+    # split-K that fit at once would leave SMs idle and the planner may spread the tiles' k-blocks
+    # over every SM instead (the choice depends on the GPU's clusters; the result may not)
+    layer = make_layer(28672, 8192, 128, seed=14, exact=False)
+    x = activations(64, 28672, seed=14, exact=False)
+    for plan in ({}, {"splits": 1, "tiles": 2}):  # the planner's; stream-K over every SM, named
+        first = hopper._batch(x, **layer, kernel=3, **plan)
+        assert_close(first, x, layer, None)
+        assert torch.equal(bits(hopper._batch(x, **layer, kernel=3, **plan)), bits(first))
 
 
 def test_stream_k_chain_in_a_graph(hopper):

@@ -30,8 +30,10 @@ split_set = [int(v) for v in narrow.get("splits", "1,3,6").split(",")]
 m_set = [int(v) for v in narrow.get("m", "9,17,33,64,100,128,300").split(",")]
 order_set = [int(v) for v in narrow.get("orders", "1,2").split(",")]  # the wgmma kernels' k orders
 bad = 0
-# the last shape has more than 132 tiles of 128 rows: the warp-specialised kernel's stream-K cuts
-for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32), (256, 17912, 128)]:
+# the last shape has more than 132 tiles of 128 rows: the warp-specialised kernel's stream-K cuts;
+# the one before, few tiles over 33 k-blocks: stream-K over every SM at splits=1 (variants 1-4)
+for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32),
+                (4224, 1032, 128), (256, 17912, 128)]:
     layer = w4_gemv.repack_from_awq(*(t.cuda() for t in awq_gemm.random_layer(k, n, g, gen)))
     weight = w4_gemv.dequantize(**layer, dtype=torch.float16).cpu()
     for m in m_set:

@@ -108,14 +108,25 @@ def build_tree(name: str, src: Path, patches: list[tuple[str, str, str]] = ()):
     from torch.utils import cpp_extension
 
     root = Path("/tmp/w4_ablation") / name
-    tree = root / "kernels"
-    if tree.exists():
-        shutil.rmtree(tree)
-    shutil.copytree(src, tree)
+    tree, staged = root / "kernels", root / "kernels.staged"
+    if staged.exists():
+        shutil.rmtree(staged)
+    shutil.copytree(src, staged)
     for file, old, new in patches:  # every occurrence (the split and persistent producer loops share lines)
-        text = (tree / file).read_text()
+        text = (staged / file).read_text()
         assert text.count(old) >= 1, f"{name}: patch target not found in {file}"
-        (tree / file).write_text(text.replace(old, new))
+        (staged / file).write_text(text.replace(old, new))
+    # a tree built before from the same files is kept as it is, so that its build is not redone
+    # (the patched files would be newer than their objects)
+    same = tree.exists() and sorted(p.relative_to(staged) for p in staged.rglob("*")) == sorted(
+        p.relative_to(tree) for p in tree.rglob("*")) and all(
+        p.is_dir() or p.read_bytes() == (tree / p.relative_to(staged)).read_bytes() for p in staged.rglob("*"))
+    if same:
+        shutil.rmtree(staged)
+    else:
+        if tree.exists():
+            shutil.rmtree(tree)
+        staged.rename(tree)
     arch = "90a"
     return cpp_extension.load(
         name=f"w4_ablation_{name}",

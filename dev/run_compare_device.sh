@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Kernel trees side by side on a Hopper GPU, in one call: every tree built at once (the shipped one,
+# each DIR, and the shipped one with the timeline probe's stamps), `make test-gpu` meanwhile unless
+# TEST_GPU=0, then the timeline probe on TL_CELLS and compare_builds on CMP_SHAPES x CMP_M. Logs go
+# to $OUT.
+#
+#     OUT=/tmp/cmp CMP_SHAPES=4096x4096 CMP_M=256,512 TL_CELLS=4096x4096:256 bash dev/run_compare_device.sh [DIR ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/compare_out}"
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD:$PWD/dev/probes HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
+build() {  # name, tree, patches ("" or "timeline")
+  python3 - "$@" <<'EOF' > "$OUT/build_$1.txt" 2>&1
+import sys, time
+from pathlib import Path
+from ws_ablation import build_tree
+name, tree, patches = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if patches == "timeline":
+    from ws_timeline import PATCHES as p
+else:
+    p = []
+t = time.time()
+build_tree(name, tree, p)
+print(f"built {name} in {time.time() - t:.0f}s")
+EOF
+  echo "build $1 rc=$? $(tail -1 "$OUT/build_$1.txt")"
+}
+build shipped kernels "" &
+for d in "$@"; do build "$(basename "$d")" "$d" "" & done
+[ -n "${TL_CELLS:-}" ] && build timeline_kernels kernels timeline &
+if [ "${TEST_GPU:-1}" = 1 ]; then
+  timeout 330 make test-gpu > "$OUT/test_gpu.txt" 2>&1
+  echo "test-gpu rc=$? $(tail -1 "$OUT/test_gpu.txt")"
+fi
+wait
+if [ -n "${TL_CELLS:-}" ]; then
+  timeout 120 python3 dev/probes/ws_timeline.py --cells "$TL_CELLS" --launches 8 2>&1 | tee "$OUT/timeline.txt" | grep -v '^ '
+fi
+if [ $# -gt 0 ]; then
+  timeout "${CMP_TIMEOUT:-240}" python3 dev/probes/compare_builds.py "$@" --shapes "${CMP_SHAPES:-4096x4096}" \
+      --m "${CMP_M:-256}" --reps "${CMP_REPS:-2}" 2>&1 | tee "$OUT/compare.txt" | grep -v '^ '
+fi
