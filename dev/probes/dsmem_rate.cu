@@ -1,0 +1,203 @@
+// dsmem_rate.cu: how fast a split-K partial tile's shares cross a thread block cluster (lab only).
+// Every block of a cluster of S holds S shares of `share` bytes of fp32 in its shared memory (its
+// partial tile) and must sum share r (its rank's) over all S blocks, as the wgmma kernels' split-K
+// does. Three ways, each timed per block from the first cluster barrier to the share summed
+// (global timer, median and slowest block), with one block per SM on every SM a cluster can take:
+//   pull   each thread loads 16-byte units of the other blocks' shares (ld.shared::cluster.v4),
+//          `at_once` units a thread in flight (the kernels' reduce_split_cluster, at_once = 2)
+//   push   one thread a block sends each other block its share with one bulk copy
+//          (cp.async.bulk.shared::cluster.shared::cta), completing on the receiver's mbarrier; the
+//          receiver then sums from its own shared memory
+//   local  the same sum with every share in the block's own memory (no cluster traffic)
+//
+//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probes/dsmem_rate.cu -o build/dsmem_rate
+//     build/dsmem_rate
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                               \
+  do {                                                                                      \
+    cudaError_t e = (x);                                                                    \
+    if (e != cudaSuccess) {                                                                 \
+      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                      \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint32_t rank_in_cluster() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ float4 ld_cluster(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+enum Way { kPull = 0, kPush = 1, kLocal = 2 };
+
+// smem: S shares (the partial tile), then for push S - 1 receive slots of `share` bytes, slot
+// (s < rank ? s : s - 1) for block s's copy of this block's share
+template <int S, int kAtOnce>
+__global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float* out, unsigned long long* ns) {
+  extern __shared__ __align__(1024) float4 sm[];
+  __shared__ __align__(8) uint64_t bar;
+  const uint32_t rank = rank_in_cluster();
+  const int units = share / 16;
+  for (int i = threadIdx.x; i < S * units; i += 256) sm[i] = make_float4(rank + i, 1.f, 2.f, 3.f);
+  const uint32_t bar_addr = smem_u32(&bar);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_addr) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the shares, for the bulk copies
+  __syncthreads();
+  cluster_sync();
+  const unsigned long long t0 = now_ns();
+  const uint32_t base = smem_u32(sm);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (way == kPull) {
+    uint32_t src[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) src[s] = mapa(base + rank * share, s);
+    for (int first = threadIdx.x; first < units; first += kAtOnce * 256) {
+      float4 p[kAtOnce][S];
+#pragma unroll
+      for (int j = 0; j < kAtOnce; ++j)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+          if (first + j * 256 < units) p[j][s] = ld_cluster(src[s] + 16 * (first + j * 256));
+#pragma unroll
+      for (int j = 0; j < kAtOnce; ++j)
+        if (first + j * 256 < units)
+#pragma unroll
+          for (int s = 0; s < S; ++s) acc.x += p[j][s].x, acc.y += p[j][s].y, acc.z += p[j][s].z, acc.w += p[j][s].w;
+    }
+  } else {
+    const float4* slots = sm + S * units;
+    if (way == kPush) {
+      if (threadIdx.x == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr),
+                     "r"((S - 1) * share)
+                     : "memory");
+        for (int s = 0; s < S; ++s) {
+          if (s == (int)rank) continue;
+          const int slot = (int)rank < s ? (int)rank : (int)rank - 1;  // in block s's receive slots
+          const uint32_t dst = mapa(base + (S + slot) * share, s), remote_bar = mapa(bar_addr, s);
+          asm volatile(
+              "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+              "r"(base + s * share), "r"(share), "r"(remote_bar)
+              : "memory");
+        }
+      }
+      uint32_t done = 0;
+      do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(bar_addr)
+            : "memory");
+      } while (!done);
+    }
+    for (int u = threadIdx.x; u < units; u += 256) {
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        // local: every share from this block's own partial; push: the received slots and its own
+        const float4 p = way == kLocal || s == (int)rank ? sm[s * units + u] : slots[(s < (int)rank ? s : s - 1) * units + u];
+        acc.x += p.x, acc.y += p.y, acc.z += p.z, acc.w += p.w;
+      }
+    }
+  }
+  __syncthreads();
+  const unsigned long long t1 = now_ns();
+  out[blockIdx.x * 256 + threadIdx.x] = acc.x + acc.y + acc.z + acc.w;
+  if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
+  cluster_sync();  // the senders' memory stays until every copy of it has landed
+}
+
+template <int S, int kAtOnce>
+void run(const char* name, int way, int share, int sms) {
+  const int smem = (way == kPush ? 2 * S - 1 : S) * share;
+  auto fn = move_shares<S, kAtOnce>;
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(256);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = S;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  config.gridDim = dim3(S);
+  int clusters = 0;
+  CK(cudaOccupancyMaxActiveClusters(&clusters, fn, &config));
+  const int blocks = std::min(clusters * S, sms / S * S);
+  config.gridDim = dim3(blocks);
+  float* out;
+  unsigned long long* ns;
+  CK(cudaMalloc(&out, blocks * 256 * sizeof(float)));
+  CK(cudaMalloc(&ns, blocks * sizeof(unsigned long long)));
+  std::vector<unsigned long long> all;
+  for (int rep = 0; rep < 21; ++rep) {
+    CK(cudaLaunchKernelEx(&config, fn, way, share, out, ns));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    if (rep < 1) continue;
+    std::vector<unsigned long long> h(blocks);
+    CK(cudaMemcpy(h.data(), ns, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    all.insert(all.end(), h.begin(), h.end());
+  }
+  std::sort(all.begin(), all.end());
+  const double med = all[all.size() / 2], p90 = all[all.size() * 9 / 10];
+  const double remote = (double)(S - 1) * share;
+  printf("%-6s S=%d at_once=%d share %3d KB  blocks %3d  median %7.2f us  p90 %7.2f us  remote %5.1f B/ns\n", name, S,
+         kAtOnce, share / 1024, blocks, med / 1e3, p90 / 1e3, remote / med);
+  CK(cudaFree(out));
+  CK(cudaFree(ns));
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("%s, %d SMs\n", prop.name, sms);
+  for (int share : {32 << 10, 64 << 10}) {
+    run<2, 2>("pull", kPull, share, sms);
+    run<2, 8>("pull", kPull, share, sms);
+    run<2, 2>("push", kPush, share, sms);
+    run<2, 2>("local", kLocal, share, sms);
+  }
+  for (int share : {16 << 10, 32 << 10}) {
+    run<4, 2>("pull", kPull, share, sms);
+    run<4, 4>("pull", kPull, share, sms);
+    run<4, 2>("push", kPush, share, sms);
+    run<4, 2>("local", kLocal, share, sms);
+  }
+  return 0;
+}

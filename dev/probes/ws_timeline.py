@@ -1,0 +1,193 @@
+"""Where one launch of the warp-specialised kernel spends its time (lab only): the shipped kernel
+rebuilt with timestamps, so that a call's fixed cost (launch, first stage, output tile, the last
+block's finish) can be told from its k-blocks.
+
+    PYTHONPATH=. python3 dev/probes/ws_timeline.py [--cells 4096x4096:256,8192x28672:64] [--launches 10]
+        [--tree DIR] [--splits 0] [--variant 0] [--order 0]
+
+Thread 0 of each block (the first MMA thread) records the global timer (ns, common to all SMs,
+ticking in about 0.25 us on the H100) and its SM's cycle counter (exact) at entry; at each of its
+first six tiles' first stage landed, last k-block issued, wgmmas drained and result gone (stored to
+y, or the stream-K or split-K partial stored); and at exit. The producer's lane records before and
+after its pdl_wait. Each launch runs after a 256 MiB read that evicts L2; the medians over the
+launches are printed beside the bench's per-call median (CUDA graph, cold L2) for the same call:
+  span        first block's entry to the last block's exit (global timer)
+  skew        last block's entry - first block's
+  prologue    entry -> first stage landed (per block, cycle counter, median block)
+  kblock      ns per k-block inside the first tile's loop (landed -> last k-block issued)
+  drain       last k-block issued -> wgmmas drained
+  out         wgmmas drained -> the tile's result gone (for the first tile)
+  after       the last tile's result gone -> exit (split-K's cluster sum)
+  finish      last block's exit - median block's exit (global timer)
+The timestamps add a few instructions to the MMA warps; compare the span with the bench's median
+to see what they cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from w4cli.bench import cases
+from w4cli.gpu import kernels, timing
+from ws_ablation import build_tree  # dev/probes, this script's folder
+
+KERNEL = "gemm_w4a16_wgmma.cu"
+BLOCKS = 4096  # blocks traced (the first ones by linear index)
+SLOTS = 32     # per block: (global timer, cycle counter) pairs
+
+TRACE = """// ---- timeline probe (dev/probes/ws_timeline.py) ----
+__device__ unsigned long long w4_trace[%d * %d * 2];
+__device__ __forceinline__ void w4_stamp(int slot) {
+  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (blk >= %d || slot >= %d) return;
+  unsigned long long g, c;
+  asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(g));
+  asm volatile("mov.u64 %%0, %%%%clock64;" : "=l"(c));
+  w4_trace[(blk * %d + slot) * 2] = g;
+  w4_trace[(blk * %d + slot) * 2 + 1] = c;
+}
+__device__ __forceinline__ void w4_note(int slot, unsigned long long v0, unsigned long long v1) {
+  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (blk >= %d) return;
+  w4_trace[(blk * %d + slot) * 2] = v0;
+  w4_trace[(blk * %d + slot) * 2 + 1] = v1;
+}
+#define W4_T(slot) do { if (threadIdx.x == 0) w4_stamp(slot); } while (0)
+""" % (BLOCKS, SLOTS, BLOCKS, SLOTS, SLOTS, SLOTS, BLOCKS, SLOTS, SLOTS)
+
+HOST = """
+void w4_trace_fetch(void* dst, size_t bytes) { cudaMemcpyFromSymbol(dst, w4_trace, bytes); }
+void w4_trace_clear() {
+  void* p = nullptr;
+  cudaGetSymbolAddress(&p, w4_trace);
+  cudaMemset(p, 0, sizeof(w4_trace));
+}
+}  // namespace w4
+"""
+
+# slots: 0 entry, 1 / 2 producer before / after pdl_wait, 4 + 4 j .. 7 + 4 j tile j (landed,
+# issued, drained, gone), 26 / 27 split-K's cluster sum begun / this thread's share done, 28 (tiles,
+# smid), 29 k-blocks of tiles 0-3, 30 exit
+PATCHES = [
+    (KERNEL, "constexpr int kWsThreads = kBatchThreads + 128;", TRACE + "constexpr int kWsThreads = kBatchThreads + 128;"),
+    (KERNEL, "  const WsBarriers b(smem_u32(bars), S::kStages);\n  pdl_launch_dependents();",
+     "  const WsBarriers b(smem_u32(bars), S::kStages);\n  W4_T(0);\n  pdl_launch_dependents();"),
+    (KERNEL, "  pdl_wait();\n  int i = 0;  // steps into the ring",
+     "  if (lane == 0) w4_stamp(1);\n  pdl_wait();\n  if (lane == 0) w4_stamp(2);\n  int i = 0;  // steps into the ring"),
+    (KERNEL, "  pdl_wait();\n  for (int i = 0; i < nkb; ++i) {",
+     "  if (lane == 0) w4_stamp(1);\n  pdl_wait();\n  if (lane == 0) w4_stamp(2);\n  for (int i = 0; i < nkb; ++i) {"),
+    (KERNEL, "  while (work.next(a, seg)) {\n",
+     "  int tseg = 0;\n  unsigned long long kbs = 0;\n  while (work.next(a, seg)) {\n"
+     "    if (tseg < 4) kbs |= (unsigned long long)(seg.kb_hi - seg.kb_lo) << (16 * tseg);\n"),
+    (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
+     "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (kb == seg.kb_lo && tseg < 6) W4_T(4 + 4 * tseg);\n"),
+    (KERNEL, "    wgmma_wait<0>();\n    const int held",
+     "    if (tseg < 6) W4_T(5 + 4 * tseg);\n    wgmma_wait<0>();\n    if (tseg < 6) W4_T(6 + 4 * tseg);\n    const int held"),
+    (KERNEL, "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n",
+     "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n      if (tseg < 6) W4_T(7 + 4 * tseg);\n"),
+    (KERNEL, "      mbar_arrive(b.empty_b + 8 * held);\n    }\n  }\n}",
+     "      mbar_arrive(b.empty_b + 8 * held);\n      if (tseg < 6) W4_T(7 + 4 * tseg);\n    }\n    ++tseg;\n  }\n"
+     "  if (threadIdx.x == 0) {\n    unsigned smid;\n    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
+     "    w4_note(28, tseg, smid);\n    w4_note(29, kbs, 0);\n  }\n}"),
+    (KERNEL, "      cluster_sync();\n    }\n  }\n#endif\n}\n\nstruct WgVariant",
+     "      cluster_sync();\n    }\n    W4_T(30);\n  }\n#endif\n}\n\nstruct WgVariant"),
+    (KERNEL, "      cluster_sync();\n      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
+     "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
+     "      W4_T(27);\n"),
+    (KERNEL, "}  // namespace w4\n", HOST),
+    ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
+     "namespace w4 {\nvoid w4_trace_fetch(void* dst, size_t bytes);\nvoid w4_trace_clear();\n}\n"
+     "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+     "  m.def(\"trace_fetch\", [](torch::Tensor t) { w4::w4_trace_fetch(t.data_ptr(), t.numel() * 8); });\n"
+     "  m.def(\"trace_clear\", []() { w4::w4_trace_clear(); });\n"),
+]
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def one_launch(mod, call, flush: torch.Tensor) -> dict:
+    """One traced launch after an L2-evicting read; the per-launch statistics in ns."""
+    flush.sum()
+    mod.trace_clear()
+    torch.cuda.synchronize()
+    call()
+    torch.cuda.synchronize()
+    t = torch.zeros(BLOCKS * SLOTS * 2, dtype=torch.int64)
+    mod.trace_fetch(t)
+    t = t.view(BLOCKS, SLOTS, 2).tolist()
+    blocks = [b for b in t if b[0][0] != 0]
+    g = lambda b, s: b[s][0]  # noqa: E731
+    c = lambda b, s: b[s][1]  # noqa: E731
+    # cycles -> ns per block from its own span (entry -> exit on both clocks)
+    rates = [(c(b, 30) - c(b, 0)) / (g(b, 30) - g(b, 0)) for b in blocks if g(b, 30) > g(b, 0)]
+    ghz = med(rates)
+    ns = lambda b, s0, s1: (c(b, s1) - c(b, s0)) / ghz  # noqa: E731
+    entries = [g(b, 0) for b in blocks]
+    exits = [g(b, 30) for b in blocks]
+    first = [b for b in blocks if b[28][0] >= 1 and b[5][1] and b[4][1]]
+    kb0 = [b[29][0] & 0xFFFF for b in first]
+    last_gone = lambda b: 7 + 4 * (min(b[28][0], 6) - 1)  # noqa: E731
+    return {
+        "blocks": len(blocks), "ghz": ghz,
+        "span": max(exits) - min(entries), "skew": max(entries) - min(entries),
+        "prologue": med([ns(b, 0, 4) for b in first]),
+        "pdl": med([ns(b, 1, 2) for b in blocks if b[1][1] and b[2][1]]),
+        "kblock": med([ns(b, 4, 5) / max(1, kb - 1) for b, kb in zip(first, kb0) if kb > 1]),
+        "drain": med([ns(b, 5, 6) for b in first]),
+        "out": med([ns(b, 6, 7) for b in first if b[7][1]]),
+        "after": med([ns(b, last_gone(b), 30) for b in blocks if b[28][0] >= 1 and b[last_gone(b)][1]]),
+        "finish": max(exits) - med(exits),
+        # split-K in clusters: the first cluster barrier (the partial stored -> every block's stored),
+        # this thread's share of the sum, and the second barrier (-> exit)
+        "wait1": med([ns(b, 7, 26) for b in first if b[26][1] and b[7][1]]),
+        "reduce": med([ns(b, 26, 27) for b in blocks if b[26][1] and b[27][1]]),
+        "wait2": med([ns(b, 27, 30) for b in blocks if b[27][1]]),
+        "tiles": med([b[28][0] for b in blocks]), "kb": med(kb0),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", default="4096x4096:128,4096x4096:256,4096x4096:1024,4096x6144:256,8192x28672:64,8192x28672:256")
+    ap.add_argument("--launches", type=int, default=10)
+    ap.add_argument("--tree", default=str(kernels.KERNEL_DIR))
+    ap.add_argument("--splits", type=int, default=0)
+    ap.add_argument("--variant", type=int, default=0)
+    ap.add_argument("--order", type=int, default=0)
+    args = ap.parse_args()
+    mod = build_tree("timeline_" + Path(args.tree).name, Path(args.tree), PATCHES)
+    copy = timing.copy_bandwidth()
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_()
+    print(torch.cuda.get_device_name(), flush=True)
+    for cell in args.cells.split(","):
+        shape, m = cell.split(":")
+        k, n = (int(v) for v in shape.split("x"))
+        m = int(m)
+        layer = cases.Layer(k, n, 128, seed=1)
+
+        def run(x, qw, qz, s, b):
+            return mod.gemm_w4_batch(x, qw, qz, s, b, args.splits, args.variant, 3, False, args.order)
+        case = cases.Case(cell, lambda i: (layer.x(m, i), *layer.gemv(i), None), run,
+                          lambda out, a: cases.w4_gemv_errors(layer, out, a).require(),
+                          cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group))
+        bench = case.measure(copy).median_us
+        x, (qw, qz, s) = layer.x(m, 0), layer.gemv(0)
+        runs = [one_launch(mod, lambda: run(x, qw, qz, s, None), flush) for _ in range(args.launches)]
+        col = {key: med([r[key] for r in runs]) for key in runs[0]}
+        print(f"{cell}: bench {bench:.2f} us | blocks {col['blocks']:.0f} tiles/block {col['tiles']:.0f} "
+              f"kb/tile0 {col['kb']:.0f} @ {col['ghz']:.2f} GHz | span {col['span'] / 1e3:.2f} us, skew "
+              f"{col['skew'] / 1e3:.2f}, prologue {col['prologue'] / 1e3:.2f} (pdl wait {col['pdl'] / 1e3:.2f}), "
+              f"kblock {col['kblock'] / 1e3:.3f}, drain {col['drain'] / 1e3:.2f}, out {col['out'] / 1e3:.2f}, "
+              f"after {col['after'] / 1e3:.2f} (wait {col['wait1'] / 1e3:.2f}, sum {col['reduce'] / 1e3:.2f}, wait "
+              f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
