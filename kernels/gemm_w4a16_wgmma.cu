@@ -234,20 +234,25 @@ __device__ __forceinline__ void store_split_partial(float (&acc)[NT][NB][4], flo
 }
 
 // Between the two cluster barriers, the 256 MMA threads of block `split`: its share of the tile's
-// sum, in units of 4 rows of one token, two units a thread at a time with every split's loads of
-// both issued before the adds (a read of another block's shared memory takes hundreds of cycles).
-// tile: the partial tile's shared address (the same offset in every block); m0, n0: the tile's
-// first token and row.
-template <int MT, int R>
+// sum over the a.splits splits, in units of 4 rows of one token, two units a thread at a time with
+// every split's loads of both issued before the adds (a read of another block's shared memory takes
+// hundreds of cycles). tile: the partial tile's shared address (the same offset in every block);
+// m0, n0: the tile's first token and row. kSplits: the split count as a compile-time constant
+// (reduce_split_cluster_of below), or 0: looped over kMaxClusterSplits slots, each load and add
+// behind a run-time test of a.splits, which runs at about half the rate (H100,
+// dev/probes/dsmem_rate.cu: 2.37 against 1.38 us for a 128-token share of a 128-row tile) but
+// adds one copy of the sum to its kernel instead of seven.
+template <int MT, int R, int kSplits = 0>
 __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_t tile, int split, int m0, int n0) {
-  constexpr int kUnitsPerRow = R / 4, kAtOnce = 2;
-  const int t0 = split * MT / a.splits, t1 = (split + 1) * MT / a.splits;
+  constexpr int kUnitsPerRow = R / 4, kAtOnce = 2, kSlots = kSplits > 0 ? kSplits : kMaxClusterSplits;
+  const int splits = kSplits > 0 ? kSplits : a.splits;
+  const int t0 = split * MT / splits, t1 = (split + 1) * MT / splits;
   const int units = (t1 - t0) * kUnitsPerRow;
-  uint32_t src[kMaxClusterSplits];
+  uint32_t src[kSlots];
 #pragma unroll
-  for (int s = 0; s < kMaxClusterSplits; ++s) src[s] = s < a.splits ? cluster_smem_addr(tile, s) : 0u;
+  for (int s = 0; s < kSlots; ++s) src[s] = s < splits ? cluster_smem_addr(tile, s) : 0u;
   for (int first = threadIdx.x; first < units; first += kAtOnce * kBatchThreads) {
-    float4 p[kAtOnce][kMaxClusterSplits];
+    float4 p[kAtOnce][kSlots];
     int m[kAtOnce], n[kAtOnce];
     bool ok[kAtOnce];
 #pragma unroll
@@ -259,18 +264,35 @@ __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_
       ok[j] = u < units && m[j] < a.M && n[j] < a.N;
       const uint32_t off = 4u * (t * SplitTile<MT, R>::kStride + 4 * c);
 #pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s)
-        if (ok[j] && s < a.splits) p[j][s] = ld_cluster_f4(src[s] + off);
+      for (int s = 0; s < kSlots; ++s)
+        if (ok[j] && s < splits) p[j][s] = ld_cluster_f4(src[s] + off);
     }
 #pragma unroll
     for (int j = 0; j < kAtOnce; ++j) {
       if (!ok[j]) continue;
       float4 sum = p[j][0];
 #pragma unroll
-      for (int s = 1; s < kMaxClusterSplits; ++s)
-        if (s < a.splits) sum = add4(sum, p[j][s]);
+      for (int s = 1; s < kSlots; ++s)
+        if (s < splits) sum = add4(sum, p[j][s]);
       store_output4(a, sum, m[j], n[j]);
     }
+  }
+}
+// The same with the split count a compile-time constant, one copy of the sum per cluster size: the
+// warp-specialised kernel's (its tiles of up to 256 tokens make the sum several microseconds). In
+// the cp.async kernel the seven copies made the whole kernel compile 3-10% slower at M = 24-32
+// (H100, dev/LOG.md), and its tiles of up to 128 tokens keep the run-time loop short.
+template <int MT, int R>
+__device__ __forceinline__ void reduce_split_cluster_of(const BatchArgs& a, uint32_t tile, int split, int m0, int n0) {
+  static_assert(kMaxClusterSplits == 8, "a case for every cluster size");
+  switch (a.splits) {
+    case 2: reduce_split_cluster<MT, R, 2>(a, tile, split, m0, n0); break;
+    case 3: reduce_split_cluster<MT, R, 3>(a, tile, split, m0, n0); break;
+    case 4: reduce_split_cluster<MT, R, 4>(a, tile, split, m0, n0); break;
+    case 5: reduce_split_cluster<MT, R, 5>(a, tile, split, m0, n0); break;
+    case 6: reduce_split_cluster<MT, R, 6>(a, tile, split, m0, n0); break;
+    case 7: reduce_split_cluster<MT, R, 7>(a, tile, split, m0, n0); break;
+    default: reduce_split_cluster<MT, R, 8>(a, tile, split, m0, n0); break;
   }
 }
 #endif
@@ -805,7 +827,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     ws_consume<S, NT, kSplit, kNatural>(a, smem, smem0, b, warp, lane);
     if constexpr (kSplit) {
       cluster_sync();
-      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
+      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
       cluster_sync();
     }
   }

@@ -12,6 +12,7 @@
 //
 //     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probes/dsmem_rate.cu -o build/dsmem_rate
 //     build/dsmem_rate
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -137,6 +138,109 @@ __global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float*
   cluster_sync();  // the senders' memory stays until every copy of it has landed
 }
 
+// The kernels' own sum (reduce_split_cluster) with one factor changed at a time: a partial tile of
+// [MT tokens][128 + kPad floats], block r summing tokens [r MT / S, (r + 1) MT / S) two 4-row units a
+// thread at a time, the split loop over kMaxSplits with run-time predicates (8, as the kernels) or
+// exactly S, and the sums rounded to fp16 and stored to y [.., 8192] (kStore) or kept.
+template <int S, int kPad, bool kStore, int kMaxSplits>
+__global__ void __launch_bounds__(256, 1) sum_like_kernels(int mt, int splits, __half2* y, float* out,
+                                                          unsigned long long* ns) {
+  extern __shared__ __align__(1024) float4 sm[];
+  constexpr int kR = 128, kStride = kR + kPad, kUnitsPerRow = kR / 4, kN = 8192;
+  const uint32_t rank = rank_in_cluster();
+  float* tile = reinterpret_cast<float*>(sm);
+  for (int i = threadIdx.x; i < mt * kStride; i += 256) tile[i] = rank + i;
+  __syncthreads();
+  cluster_sync();
+  const unsigned long long t0 = now_ns();
+  const int t0_ = rank * mt / splits, t1_ = (rank + 1) * mt / splits, units = (t1_ - t0_) * kUnitsPerRow;
+  const uint32_t base = smem_u32(sm);
+  uint32_t src[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) src[s] = s < splits ? mapa(base, s) : 0u;
+  const int m0 = (blockIdx.x / S) * mt, n0 = 0;
+  float acc = 0.f;
+  for (int first = threadIdx.x; first < units; first += 2 * 256) {
+    float4 p[2][kMaxSplits];
+    int m[2], n[2];
+    bool ok[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int u = first + j * 256;
+      const int t = t0_ + u / kUnitsPerRow, c = u % kUnitsPerRow;
+      m[j] = m0 + t;
+      n[j] = n0 + 4 * c;
+      ok[j] = u < units;
+      const uint32_t off = 4u * (t * kStride + 4 * c);
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s)
+        if (ok[j] && s < splits) p[j][s] = ld_cluster(src[s] + off);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (!ok[j]) continue;
+      float4 sum = p[j][0];
+#pragma unroll
+      for (int s = 1; s < kMaxSplits; ++s)
+        if (s < splits) sum.x += p[j][s].x, sum.y += p[j][s].y, sum.z += p[j][s].z, sum.w += p[j][s].w;
+      if (kStore) {
+        __half2* at = y + ((size_t)m[j] * kN + n[j]) / 2;
+        at[0] = __floats2half2_rn(sum.x, sum.y);
+        at[1] = __floats2half2_rn(sum.z, sum.w);
+      } else {
+        acc += sum.x + sum.y + sum.z + sum.w;
+      }
+    }
+  }
+  __syncthreads();
+  const unsigned long long t1 = now_ns();
+  out[blockIdx.x * 256 + threadIdx.x] = acc;
+  if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
+  cluster_sync();
+}
+
+template <int S, int kPad, bool kStore, int kMaxSplits>
+void run_like(const char* name, int mt, int sms) {
+  const int smem = mt * (128 + kPad) * 4;
+  auto fn = sum_like_kernels<S, kPad, kStore, kMaxSplits>;
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(256);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = S;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  const int blocks = sms / S * S;
+  config.gridDim = dim3(blocks);
+  __half2* y;
+  float* out;
+  unsigned long long* ns;
+  CK(cudaMalloc(&y, (size_t)blocks / S * mt * 8192 * 2));
+  CK(cudaMalloc(&out, blocks * 256 * sizeof(float)));
+  CK(cudaMalloc(&ns, blocks * sizeof(unsigned long long)));
+  std::vector<unsigned long long> all;
+  for (int rep = 0; rep < 21; ++rep) {
+    CK(cudaLaunchKernelEx(&config, fn, mt, S, y, out, ns));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    if (rep < 1) continue;
+    std::vector<unsigned long long> h(blocks);
+    CK(cudaMemcpy(h.data(), ns, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    all.insert(all.end(), h.begin(), h.end());
+  }
+  std::sort(all.begin(), all.end());
+  const double med = all[all.size() / 2], p90 = all[all.size() * 9 / 10];
+  printf("%-22s S=%d MT=%3d pad %d store %d loop %d  median %6.2f us  p90 %6.2f us\n", name, S, mt, kPad, kStore,
+         kMaxSplits, med / 1e3, p90 / 1e3);
+  CK(cudaFree(y));
+  CK(cudaFree(out));
+  CK(cudaFree(ns));
+}
+
 template <int S, int kAtOnce>
 void run(const char* name, int way, int share, int sms) {
   const int smem = (way == kPush ? 2 * S - 1 : S) * share;
@@ -198,6 +302,13 @@ int main() {
     run<4, 4>("pull", kPull, share, sms);
     run<4, 2>("push", kPush, share, sms);
     run<4, 2>("local", kLocal, share, sms);
+  }
+  for (int mt : {128, 256}) {
+    run_like<2, 4, true, 8>("as the kernels", mt, sms);
+    run_like<2, 4, false, 8>("no stores", mt, sms);
+    run_like<2, 0, true, 8>("no padding", mt, sms);
+    run_like<2, 4, true, 2>("exact split loop", mt, sms);
+    run_like<2, 0, false, 2>("none of them", mt, sms);
   }
   return 0;
 }

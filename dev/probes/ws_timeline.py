@@ -95,8 +95,8 @@ PATCHES = [
      "    w4_note(28, tseg, smid);\n    w4_note(29, kbs, 0);\n  }\n}"),
     (KERNEL, "      cluster_sync();\n    }\n  }\n#endif\n}\n\nstruct WgVariant",
      "      cluster_sync();\n    }\n    W4_T(30);\n  }\n#endif\n}\n\nstruct WgVariant"),
-    (KERNEL, "      cluster_sync();\n      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
-     "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
+    (KERNEL, "      cluster_sync();\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
+     "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
      "      W4_T(27);\n"),
     (KERNEL, "}  // namespace w4\n", HOST),
     ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
