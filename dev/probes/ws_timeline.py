@@ -7,7 +7,7 @@ block's finish) can be told from its k-blocks.
 
 Thread 0 of each block (the first MMA thread) records the global timer (ns, common to all SMs,
 ticking in about 0.25 us on the H100) and its SM's cycle counter (exact) at entry; at each of its
-first six tiles' first stage landed, last k-block issued, wgmmas drained and result gone (stored to
+first four tiles' first stage landed, last k-block issued, wgmmas drained and result gone (stored to
 y, or the stream-K or split-K partial stored); and at exit. The producer's lane records before and
 after its pdl_wait. Each launch runs after a 256 MiB read that evicts L2; the medians over the
 launches are printed beside the bench's per-call median (CUDA graph, cold L2) for the same call:
@@ -70,8 +70,9 @@ void w4_trace_clear() {
 """
 
 # slots: 0 entry, 1 / 2 producer before / after pdl_wait, 4 + 4 j .. 7 + 4 j tile j (landed,
-# issued, drained, gone), 26 / 27 split-K's cluster sum begun / this thread's share done, 28 (tiles,
-# smid), 29 k-blocks of tiles 0-3, 30 exit
+# issued, drained, gone) for its first four tiles, 20 / 21 stream-K's add begun / done, 22 / 23
+# stream-K's store begun / done, 26 / 27 split-K's cluster sum begun / this thread's share done, 28
+# (tiles, smid), 29 k-blocks of tiles 0-3, 30 exit
 PATCHES = [
     (KERNEL, "constexpr int kWsThreads = kBatchThreads + 128;", TRACE + "constexpr int kWsThreads = kBatchThreads + 128;"),
     (KERNEL, "  const WsBarriers b(smem_u32(bars), S::kStages);\n  pdl_launch_dependents();",
@@ -84,13 +85,13 @@ PATCHES = [
      "  int tseg = 0;\n  unsigned long long kbs = 0;\n  while (work.next(a, seg)) {\n"
      "    if (tseg < 4) kbs |= (unsigned long long)(seg.kb_hi - seg.kb_lo) << (16 * tseg);\n"),
     (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
-     "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (kb == seg.kb_lo && tseg < 6) W4_T(4 + 4 * tseg);\n"),
+     "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (kb == seg.kb_lo && tseg < 4) W4_T(4 + 4 * tseg);\n"),
     (KERNEL, "    wgmma_wait<0>();\n    const int held",
-     "    if (tseg < 6) W4_T(5 + 4 * tseg);\n    wgmma_wait<0>();\n    if (tseg < 6) W4_T(6 + 4 * tseg);\n    const int held"),
+     "    if (tseg < 4) W4_T(5 + 4 * tseg);\n    wgmma_wait<0>();\n    if (tseg < 4) W4_T(6 + 4 * tseg);\n    const int held"),
     (KERNEL, "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n",
-     "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n      if (tseg < 6) W4_T(7 + 4 * tseg);\n"),
+     "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n      if (tseg < 4) W4_T(7 + 4 * tseg);\n"),
     (KERNEL, "      mbar_arrive(b.empty_b + 8 * held);\n    }\n  }\n}",
-     "      mbar_arrive(b.empty_b + 8 * held);\n      if (tseg < 6) W4_T(7 + 4 * tseg);\n    }\n    ++tseg;\n  }\n"
+     "      mbar_arrive(b.empty_b + 8 * held);\n      if (tseg < 4) W4_T(7 + 4 * tseg);\n    }\n    ++tseg;\n  }\n"
      "  if (threadIdx.x == 0) {\n    unsigned smid;\n    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
      "    w4_note(28, tseg, smid);\n    w4_note(29, kbs, 0);\n  }\n}"),
     (KERNEL, "      cluster_sync();\n    }\n  }\n#endif\n}\n\nstruct WgVariant",
@@ -98,6 +99,10 @@ PATCHES = [
     (KERNEL, "      cluster_sync();\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
      "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
      "      W4_T(27);\n"),
+    (KERNEL, "          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);\n",
+     "          W4_T(20);\n          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);\n          W4_T(21);\n"),
+    (KERNEL, "        stream_k_store(acc, a, blockIdx.x);",
+     "        W4_T(22);\n        stream_k_store(acc, a, blockIdx.x);\n        W4_T(23);"),
     (KERNEL, "}  // namespace w4\n", HOST),
     ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
      "namespace w4 {\nvoid w4_trace_fetch(void* dst, size_t bytes);\nvoid w4_trace_clear();\n}\n"
@@ -132,7 +137,7 @@ def one_launch(mod, call, flush: torch.Tensor) -> dict:
     exits = [g(b, 30) for b in blocks]
     first = [b for b in blocks if b[28][0] >= 1 and b[5][1] and b[4][1]]
     kb0 = [b[29][0] & 0xFFFF for b in first]
-    last_gone = lambda b: 7 + 4 * (min(b[28][0], 6) - 1)  # noqa: E731
+    last_gone = lambda b: 7 + 4 * (min(b[28][0], 4) - 1)  # noqa: E731
     return {
         "blocks": len(blocks), "ghz": ghz,
         "span": max(exits) - min(entries), "skew": max(entries) - min(entries),
@@ -148,6 +153,10 @@ def one_launch(mod, call, flush: torch.Tensor) -> dict:
         "wait1": med([ns(b, 7, 26) for b in first if b[26][1] and b[7][1]]),
         "reduce": med([ns(b, 26, 27) for b in blocks if b[26][1] and b[27][1]]),
         "wait2": med([ns(b, 27, 30) for b in blocks if b[27][1]]),
+        # stream-K: a cut tile's first block adding the later pieces' partials (flag waits included),
+        # and a later block storing its piece's partial; the slowest block of each
+        "skadd": max([ns(b, 20, 21) for b in blocks if b[20][1] and b[21][1]], default=float("nan")),
+        "skstore": max([ns(b, 22, 23) for b in blocks if b[22][1] and b[23][1]], default=float("nan")),
         "tiles": med([b[28][0] for b in blocks]), "kb": med(kb0),
     }
 
@@ -185,7 +194,8 @@ def main() -> int:
               f"{col['skew'] / 1e3:.2f}, prologue {col['prologue'] / 1e3:.2f} (pdl wait {col['pdl'] / 1e3:.2f}), "
               f"kblock {col['kblock'] / 1e3:.3f}, drain {col['drain'] / 1e3:.2f}, out {col['out'] / 1e3:.2f}, "
               f"after {col['after'] / 1e3:.2f} (wait {col['wait1'] / 1e3:.2f}, sum {col['reduce'] / 1e3:.2f}, wait "
-              f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}", flush=True)
+              f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}, stream-K add {col['skadd'] / 1e3:.2f} "
+              f"store {col['skstore'] / 1e3:.2f} (slowest)", flush=True)
     return 0
 
 
