@@ -8,6 +8,8 @@
 //   bulk  one thread starts bulk copies (cp.async.bulk.shared::cluster.global) of the partial into
 //         shared memory, 32 KB a copy, completing on one mbarrier; then each thread reads its
 //         pieces from shared memory
+//   store the other direction, as stream_k_store: the pieces stored (st.global.cg), a fence in
+//         every thread, a block barrier (timed from the loads' end)
 //
 //     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probes/partial_read.cu -o build/partial_read
 //     build/partial_read
@@ -56,7 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
   const float4* part = p + (size_t)blockIdx.x * kPieces * kThreads;
   const unsigned long long t0 = now_ns();
   float4 v[kPieces];
-  if (!bulk) {
+  if (bulk != 1) {
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) v[i] = __ldcg(part + i * kThreads + threadIdx.x);
   } else {
@@ -88,6 +90,14 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
   for (int i = 0; i < kPieces; ++i) acc += v[i].x + v[i].y + v[i].z + v[i].w;
   __syncthreads();
   const unsigned long long t1 = now_ns();
+  if (bulk == 2) {  // the other direction, as stream_k_store: the partial stored, fenced, then a flag
+    float4* mine = const_cast<float4*>(part) + (size_t)gridDim.x * kPieces * kThreads;
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) __stcg(mine + i * kThreads + threadIdx.x, v[i]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ns[gridDim.x + blockIdx.x] = now_ns() - t1;
+  }
   out[blockIdx.x * kThreads + threadIdx.x] = acc;
   if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
 }
@@ -103,14 +113,15 @@ void run(int blocks, int bulk, const float4* p, float* out, unsigned long long* 
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     if (rep < 1) continue;
-    std::vector<unsigned long long> h(blocks);
-    CK(cudaMemcpy(h.data(), ns, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    all.insert(all.end(), h.begin(), h.end());
+    std::vector<unsigned long long> h(2 * blocks);
+    CK(cudaMemcpy(h.data(), ns, 2 * blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    all.insert(all.end(), h.begin() + (bulk == 2 ? blocks : 0), h.begin() + (bulk == 2 ? 2 * blocks : blocks));
   }
   std::sort(all.begin(), all.end());
   const double med = all[all.size() / 2], worst = all.back();
   const double bytes = (double)kPieces * kThreads * 16;
-  printf("%-4s partial %3d KB  blocks %3d  median %6.2f us (%5.1f B/ns)  slowest %6.2f us\n", bulk ? "bulk" : "lsu",
+  printf("%-5s partial %3d KB  blocks %3d  median %6.2f us (%5.1f B/ns)  slowest %6.2f us\n",
+         bulk == 2 ? "store" : bulk ? "bulk" : "lsu",
          (int)(bytes / 1024), blocks, med / 1e3, bytes / med, worst / 1e3);
 }
 
@@ -121,11 +132,11 @@ int main() {
   float4* p;
   float* out;
   unsigned long long* ns;
-  CK(cudaMalloc(&p, (size_t)132 * 32 * kThreads * 16));
+  CK(cudaMalloc(&p, (size_t)2 * 132 * 32 * kThreads * 16));
   CK(cudaMalloc(&out, 132 * kThreads * sizeof(float)));
-  CK(cudaMalloc(&ns, 132 * sizeof(unsigned long long)));
+  CK(cudaMalloc(&ns, 2 * 132 * sizeof(unsigned long long)));
   for (int blocks : {1, 16, 48, 132})
-    for (int bulk : {0, 1}) {
+    for (int bulk : {0, 1, 2}) {
       run<16>(blocks, bulk, p, out, ns);  // 64 KB: variants 2 and 3
       run<32>(blocks, bulk, p, out, ns);  // 128 KB: variants 4 and 5
     }

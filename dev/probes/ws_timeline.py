@@ -70,7 +70,8 @@ void w4_trace_clear() {
 """
 
 # slots: 0 entry, 1 / 2 producer before / after pdl_wait, 4 + 4 j .. 7 + 4 j tile j (landed,
-# issued, drained, gone) for its first four tiles, 20 / 21 stream-K's add begun / done, 22 / 23
+# issued, drained, gone) for its first four tiles, 20 / 21 stream-K's add begun / done (24: its last
+# flag seen), 22 / 23
 # stream-K's store begun / done, 26 / 27 split-K's cluster sum begun / this thread's share done, 28
 # (tiles, smid), 29 k-blocks of tiles 0-3, 30 exit
 PATCHES = [
@@ -101,6 +102,8 @@ PATCHES = [
      "      W4_T(27);\n"),
     (KERNEL, "          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);\n",
      "          W4_T(20);\n          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);\n          W4_T(21);\n"),
+    (KERNEL, "      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);\n",
+     "      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);\n    W4_T(24);\n"),
     (KERNEL, "        stream_k_store(acc, a, blockIdx.x);",
      "        W4_T(22);\n        stream_k_store(acc, a, blockIdx.x);\n        W4_T(23);"),
     (KERNEL, "}  // namespace w4\n", HOST),
@@ -156,6 +159,8 @@ def one_launch(mod, call, flush: torch.Tensor) -> dict:
         # stream-K: a cut tile's first block adding the later pieces' partials (flag waits included),
         # and a later block storing its piece's partial; the slowest block of each
         "skadd": max([ns(b, 20, 21) for b in blocks if b[20][1] and b[21][1]], default=float("nan")),
+        "skwait": max([ns(b, 20, 24) for b in blocks if b[20][1] and b[24][1]], default=float("nan")),
+        "skread": max([ns(b, 24, 21) for b in blocks if b[24][1] and b[21][1]], default=float("nan")),
         "skstore": max([ns(b, 22, 23) for b in blocks if b[22][1] and b[23][1]], default=float("nan")),
         "tiles": med([b[28][0] for b in blocks]), "kb": med(kb0),
     }
@@ -195,7 +200,8 @@ def main() -> int:
               f"kblock {col['kblock'] / 1e3:.3f}, drain {col['drain'] / 1e3:.2f}, out {col['out'] / 1e3:.2f}, "
               f"after {col['after'] / 1e3:.2f} (wait {col['wait1'] / 1e3:.2f}, sum {col['reduce'] / 1e3:.2f}, wait "
               f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}, stream-K add {col['skadd'] / 1e3:.2f} "
-              f"store {col['skstore'] / 1e3:.2f} (slowest)", flush=True)
+              f"(to the last flag {col['skwait'] / 1e3:.2f}, its partial {col['skread'] / 1e3:.2f}) store "
+              f"{col['skstore'] / 1e3:.2f} (slowest)", flush=True)
     return 0
 
 
