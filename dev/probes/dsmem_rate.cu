@@ -10,7 +10,7 @@
 //          receiver then sums from its own shared memory
 //   local  the same sum with every share in the block's own memory (no cluster traffic)
 //
-//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probes/dsmem_rate.cu -o build/dsmem_rate
+//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/dsmem_rate.cu -o build/dsmem_rate
 //     build/dsmem_rate
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -19,16 +19,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e = (x);                                                                    \
-    if (e != cudaSuccess) {                                                                 \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                      \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
+#include "probe.cuh"
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -37,19 +31,6 @@ __device__ __forceinline__ uint32_t rank_in_cluster() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
-  uint32_t out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
-  return out;
-}
-__device__ __forceinline__ float4 ld_cluster(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
 }
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
@@ -63,6 +44,7 @@ enum Way { kPull = 0, kPush = 1, kLocal = 2 };
 // (s < rank ? s : s - 1) for block s's copy of this block's share
 template <int S, int kAtOnce>
 __global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float* out, unsigned long long* ns) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the cluster and mbarrier helpers: sm_90a only
   extern __shared__ __align__(1024) float4 sm[];
   __shared__ __align__(8) uint64_t bar;
   const uint32_t rank = rank_in_cluster();
@@ -70,26 +52,26 @@ __global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float*
   for (int i = threadIdx.x; i < S * units; i += 256) sm[i] = make_float4(rank + i, 1.f, 2.f, 3.f);
   const uint32_t bar_addr = smem_u32(&bar);
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_addr) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    w4::mbar_init(bar_addr, 1);
+    w4::fence_mbar_init();
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the shares, for the bulk copies
+  w4::fence_proxy_async_shared();  // the shares, for the bulk copies
   __syncthreads();
-  cluster_sync();
+  w4::cluster_sync();
   const unsigned long long t0 = now_ns();
   const uint32_t base = smem_u32(sm);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (way == kPull) {
     uint32_t src[S];
 #pragma unroll
-    for (int s = 0; s < S; ++s) src[s] = mapa(base + rank * share, s);
+    for (int s = 0; s < S; ++s) src[s] = w4::cluster_smem_addr(base + rank * share, s);
     for (int first = threadIdx.x; first < units; first += kAtOnce * 256) {
       float4 p[kAtOnce][S];
 #pragma unroll
       for (int j = 0; j < kAtOnce; ++j)
 #pragma unroll
         for (int s = 0; s < S; ++s)
-          if (first + j * 256 < units) p[j][s] = ld_cluster(src[s] + 16 * (first + j * 256));
+          if (first + j * 256 < units) p[j][s] = w4::ld_cluster_f4(src[s] + 16 * (first + j * 256));
 #pragma unroll
       for (int j = 0; j < kAtOnce; ++j)
         if (first + j * 256 < units)
@@ -100,27 +82,18 @@ __global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float*
     const float4* slots = sm + S * units;
     if (way == kPush) {
       if (threadIdx.x == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr),
-                     "r"((S - 1) * share)
-                     : "memory");
+        w4::mbar_arrive_expect_tx(bar_addr, (S - 1) * share);
         for (int s = 0; s < S; ++s) {
           if (s == (int)rank) continue;
           const int slot = (int)rank < s ? (int)rank : (int)rank - 1;  // in block s's receive slots
-          const uint32_t dst = mapa(base + (S + slot) * share, s), remote_bar = mapa(bar_addr, s);
+          const uint32_t dst = w4::cluster_smem_addr(base + (S + slot) * share, s), remote_bar = w4::cluster_smem_addr(bar_addr, s);
           asm volatile(
               "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
               "r"(base + s * share), "r"(share), "r"(remote_bar)
               : "memory");
         }
       }
-      uint32_t done = 0;
-      do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(bar_addr)
-            : "memory");
-      } while (!done);
+      w4::mbar_wait(bar_addr, 0);
     }
     for (int u = threadIdx.x; u < units; u += 256) {
 #pragma unroll
@@ -135,7 +108,8 @@ __global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float*
   const unsigned long long t1 = now_ns();
   out[blockIdx.x * 256 + threadIdx.x] = acc.x + acc.y + acc.z + acc.w;
   if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
-  cluster_sync();  // the senders' memory stays until every copy of it has landed
+  w4::cluster_sync();  // the senders' memory stays until every copy of it has landed
+#endif
 }
 
 // The kernels' own sum (reduce_split_cluster) with one factor changed at a time: a partial tile of
@@ -145,19 +119,20 @@ __global__ void __launch_bounds__(256, 1) move_shares(int way, int share, float*
 template <int S, int kPad, bool kStore, int kMaxSplits>
 __global__ void __launch_bounds__(256, 1) sum_like_kernels(int mt, int splits, __half2* y, float* out,
                                                           unsigned long long* ns) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the cluster and mbarrier helpers: sm_90a only
   extern __shared__ __align__(1024) float4 sm[];
   constexpr int kR = 128, kStride = kR + kPad, kUnitsPerRow = kR / 4, kN = 8192;
   const uint32_t rank = rank_in_cluster();
   float* tile = reinterpret_cast<float*>(sm);
   for (int i = threadIdx.x; i < mt * kStride; i += 256) tile[i] = rank + i;
   __syncthreads();
-  cluster_sync();
+  w4::cluster_sync();
   const unsigned long long t0 = now_ns();
   const int t0_ = rank * mt / splits, t1_ = (rank + 1) * mt / splits, units = (t1_ - t0_) * kUnitsPerRow;
   const uint32_t base = smem_u32(sm);
   uint32_t src[kMaxSplits];
 #pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) src[s] = s < splits ? mapa(base, s) : 0u;
+  for (int s = 0; s < kMaxSplits; ++s) src[s] = s < splits ? w4::cluster_smem_addr(base, s) : 0u;
   const int m0 = (blockIdx.x / S) * mt, n0 = 0;
   float acc = 0.f;
   for (int first = threadIdx.x; first < units; first += 2 * 256) {
@@ -174,7 +149,7 @@ __global__ void __launch_bounds__(256, 1) sum_like_kernels(int mt, int splits, _
       const uint32_t off = 4u * (t * kStride + 4 * c);
 #pragma unroll
       for (int s = 0; s < kMaxSplits; ++s)
-        if (ok[j] && s < splits) p[j][s] = ld_cluster(src[s] + off);
+        if (ok[j] && s < splits) p[j][s] = w4::ld_cluster_f4(src[s] + off);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -196,55 +171,16 @@ __global__ void __launch_bounds__(256, 1) sum_like_kernels(int mt, int splits, _
   const unsigned long long t1 = now_ns();
   out[blockIdx.x * 256 + threadIdx.x] = acc;
   if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
-  cluster_sync();
+  w4::cluster_sync();
+#endif
 }
 
-template <int S, int kPad, bool kStore, int kMaxSplits>
-void run_like(const char* name, int mt, int sms) {
-  const int smem = mt * (128 + kPad) * 4;
-  auto fn = sum_like_kernels<S, kPad, kStore, kMaxSplits>;
-  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(256);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = S;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  const int blocks = sms / S * S;
-  config.gridDim = dim3(blocks);
-  __half2* y;
-  float* out;
-  unsigned long long* ns;
-  CK(cudaMalloc(&y, (size_t)blocks / S * mt * 8192 * 2));
-  CK(cudaMalloc(&out, blocks * 256 * sizeof(float)));
-  CK(cudaMalloc(&ns, blocks * sizeof(unsigned long long)));
-  std::vector<unsigned long long> all;
-  for (int rep = 0; rep < 21; ++rep) {
-    CK(cudaLaunchKernelEx(&config, fn, mt, S, y, out, ns));
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    if (rep < 1) continue;
-    std::vector<unsigned long long> h(blocks);
-    CK(cudaMemcpy(h.data(), ns, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    all.insert(all.end(), h.begin(), h.end());
-  }
-  std::sort(all.begin(), all.end());
-  const double med = all[all.size() / 2], p90 = all[all.size() * 9 / 10];
-  printf("%-22s S=%d MT=%3d pad %d store %d loop %d  median %6.2f us  p90 %6.2f us\n", name, S, mt, kPad, kStore,
-         kMaxSplits, med / 1e3, p90 / 1e3);
-  CK(cudaFree(y));
-  CK(cudaFree(out));
-  CK(cudaFree(ns));
-}
-
-template <int S, int kAtOnce>
-void run(const char* name, int way, int share, int sms) {
-  const int smem = (way == kPush ? 2 * S - 1 : S) * share;
-  auto fn = move_shares<S, kAtOnce>;
+// Launches `fn(args..., ns)` in clusters of S blocks of 256 threads on every SM such clusters can
+// take, once to warm up and 20 times timed; the kernel writes each block's time to ns[block].
+// Returns the blocks launched and every timed block's ns, sorted.
+template <int S, typename... Args>
+std::pair<int, std::vector<unsigned long long>> time_blocks(void (*fn)(Args..., unsigned long long*), int smem,
+                                                           int sms, Args... args) {
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t config = {};
@@ -262,13 +198,11 @@ void run(const char* name, int way, int share, int sms) {
   CK(cudaOccupancyMaxActiveClusters(&clusters, fn, &config));
   const int blocks = std::min(clusters * S, sms / S * S);
   config.gridDim = dim3(blocks);
-  float* out;
   unsigned long long* ns;
-  CK(cudaMalloc(&out, blocks * 256 * sizeof(float)));
   CK(cudaMalloc(&ns, blocks * sizeof(unsigned long long)));
   std::vector<unsigned long long> all;
   for (int rep = 0; rep < 21; ++rep) {
-    CK(cudaLaunchKernelEx(&config, fn, way, share, out, ns));
+    CK(cudaLaunchKernelEx(&config, fn, args..., ns));
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     if (rep < 1) continue;
@@ -276,13 +210,35 @@ void run(const char* name, int way, int share, int sms) {
     CK(cudaMemcpy(h.data(), ns, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
     all.insert(all.end(), h.begin(), h.end());
   }
-  std::sort(all.begin(), all.end());
-  const double med = all[all.size() / 2], p90 = all[all.size() * 9 / 10];
-  const double remote = (double)(S - 1) * share;
-  printf("%-6s S=%d at_once=%d share %3d KB  blocks %3d  median %7.2f us  p90 %7.2f us  remote %5.1f B/ns\n", name, S,
-         kAtOnce, share / 1024, blocks, med / 1e3, p90 / 1e3, remote / med);
-  CK(cudaFree(out));
   CK(cudaFree(ns));
+  std::sort(all.begin(), all.end());
+  return {blocks, all};
+}
+
+template <int S, int kPad, bool kStore, int kMaxSplits>
+void run_like(const char* name, int mt, int sms) {
+  __half2* y;
+  float* out;
+  CK(cudaMalloc(&y, (size_t)sms / S * mt * 8192 * 2));
+  CK(cudaMalloc(&out, sms * 256 * sizeof(float)));
+  const auto [blocks, all] = time_blocks<S, int, int, __half2*, float*>(sum_like_kernels<S, kPad, kStore, kMaxSplits>,
+                                                                        mt * (128 + kPad) * 4, sms, mt, S, y, out);
+  printf("%-22s S=%d MT=%3d pad %d store %d loop %d  median %6.2f us  p90 %6.2f us\n", name, S, mt, kPad, kStore,
+         kMaxSplits, all[all.size() / 2] / 1e3, all[all.size() * 9 / 10] / 1e3);
+  CK(cudaFree(y));
+  CK(cudaFree(out));
+}
+
+template <int S, int kAtOnce>
+void run(const char* name, int way, int share, int sms) {
+  float* out;
+  CK(cudaMalloc(&out, sms * 256 * sizeof(float)));
+  const auto [blocks, all] = time_blocks<S, int, int, float*>(move_shares<S, kAtOnce>,
+                                                              (way == kPush ? 2 * S - 1 : S) * share, sms, way, share, out);
+  const double med = all[all.size() / 2];
+  printf("%-6s S=%d at_once=%d share %3d KB  blocks %3d  median %7.2f us  p90 %7.2f us  remote %5.1f B/ns\n", name, S,
+         kAtOnce, share / 1024, blocks, med / 1e3, all[all.size() * 9 / 10] / 1e3, (double)(S - 1) * share / med);
+  CK(cudaFree(out));
 }
 
 int main() {

@@ -11,7 +11,7 @@
 //   store the other direction, as stream_k_store: the pieces stored (st.global.cg), a fence in
 //         every thread, a block barrier (timed from the loads' end)
 //
-//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probes/partial_read.cu -o build/partial_read
+//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/partial_read.cu -o build/partial_read
 //     build/partial_read
 #include <cuda_runtime.h>
 
@@ -21,14 +21,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                          \
-  do {                                                                 \
-    cudaError_t e = (x);                                               \
-    if (e != cudaSuccess) {                                            \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                         \
-    }                                                                  \
-  } while (0)
+#include "probe.cuh"
 
 constexpr int kThreads = 256;
 
@@ -47,12 +40,13 @@ __global__ void write_partials(float4* p, int pieces) {
 template <int kPieces>
 __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __restrict__ p, int bulk, float* out,
                                                           unsigned long long* ns) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the mbarrier helpers and bulk copies: sm_90a only
   extern __shared__ __align__(1024) float4 sm[];
   __shared__ __align__(8) uint64_t bar;
   const uint32_t bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_addr) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    w4::mbar_init(bar_addr, 1);
+    w4::fence_mbar_init();
   }
   __syncthreads();
   const float4* part = p + (size_t)blockIdx.x * kPieces * kThreads;
@@ -64,8 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
   } else {
     constexpr uint32_t kBytes = kPieces * kThreads * 16, kChunk = 32 * 1024;
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr), "r"(kBytes)
-                   : "memory");
+      w4::mbar_arrive_expect_tx(bar_addr, kBytes);
       const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
       for (uint32_t o = 0; o < kBytes; o += kChunk)
         asm volatile(
@@ -74,14 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
             "r"(bar_addr)
             : "memory");
     }
-    uint32_t done = 0;
-    do {
-      asm volatile(
-          "{\n .reg .pred q;\n mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 q, [%1], 0;\n selp.u32 %0, 1, 0, q;\n}"
-          : "=r"(done)
-          : "r"(bar_addr)
-          : "memory");
-    } while (!done);
+    w4::mbar_wait(bar_addr, 0);
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) v[i] = sm[i * kThreads + threadIdx.x];
   }
@@ -100,6 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
   }
   out[blockIdx.x * kThreads + threadIdx.x] = acc;
   if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
+#endif
 }
 
 template <int kPieces>

@@ -1,9 +1,11 @@
 // probe.cuh: what the standalone probes in dev/probes/ share (not part of w4's build): error
-// checks, the GEMV's weight load and the graph timing.
-// Include after kernels/gemv_w4a16.cu: the probes read through the kernel's own load.
+// checks, the kernels' own instructions (kernels/tensor_core.cuh: build with -I kernels), the
+// GEMV's weight load and the graph timing.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include "tensor_core.cuh"  // kernels/, through -I kernels
 
 #include <cstdint>
 #include <cstdio>
@@ -22,7 +24,7 @@
   } while (0)
 
 // The GEMV's own weight load (16 bytes, no L1 allocation, L2 evict-first), so a probe reads
-// exactly as the kernel does. Include kernels/gemv_w4a16.cu before this header.
+// exactly as the kernel does.
 __device__ __forceinline__ uint64_t pol_ef() { return w4::evict_first_policy(); }
 __device__ __forceinline__ uint4 ldw(const uint4* p, uint64_t pol) { return w4::load_weight(p, pol); }
 
