@@ -1008,9 +1008,9 @@ constexpr int64_t kSplitBaseCost = 2;
 // less than a wave, each block's share then at least half a tile. A launch of fewer tiles than half
 // the SMs (where split-K is the planner's usual choice) spreads its k-blocks over every SM where
 // the shares plus kStreamKCutKblocks a cut come to less than 90% of a tile's k-blocks: there a
-// tile is cut into about SMs / tiles pieces, and its first block reads the others' partials in
-// turn (a 64-128 KB fp32 partial at about 27 bytes a nanosecond, about 3 k-blocks of the tile's
-// variant; H100, dev/LOG.md).
+// tile is cut into about SMs / tiles pieces, whose 64-128 KB fp32 partials the blocks store at
+// the end of their ranges, all at once, and the tile's first block then reads in turn (about 3
+// k-blocks of the tile's variant a cut; H100, dev/LOG.md).
 struct WsSpread {
   static constexpr int64_t kStreamKCost = 250;  // thousandths of a wave (H100, dev/LOG.md)
   static constexpr int64_t kStreamKCutKblocks = 3;
