@@ -37,7 +37,7 @@ from ws_ablation import build_tree  # dev/probes, this script's folder
 
 KERNEL = "gemm_w4a16_wgmma.cu"
 BLOCKS = 4096  # blocks traced (the first ones by linear index)
-SLOTS = 32     # per block: (global timer, cycle counter) pairs
+SLOTS = 40     # per block: (global timer, cycle counter) pairs
 
 TRACE = """// ---- timeline probe (dev/probes/ws_timeline.py) ----
 __device__ unsigned long long w4_trace[%d * %d * 2];
@@ -70,8 +70,9 @@ void w4_trace_clear() {
 """
 
 # slots: 0 entry, 1 / 2 producer before / after pdl_wait, 4 + 4 j .. 7 + 4 j tile j (landed,
-# issued, drained, gone) for its first four tiles, 20 / 21 stream-K's add begun / done (24: its last
-# flag seen), 22 / 23
+# issued, drained, gone) for its first four tiles, 25 the first stage's part A landed, 32 the
+# barriers initialised, 33 / 34 the producer begun / its first segment found, 20 / 21
+# stream-K's add begun / done (24: its last flag seen), 22 / 23
 # stream-K's store begun / done, 26 / 27 split-K's cluster sum begun / this thread's share done, 28
 # (tiles, smid), 29 k-blocks of tiles 0-3, 30 exit
 PATCHES = [
@@ -85,6 +86,8 @@ PATCHES = [
     (KERNEL, "  while (work.next(a, seg)) {\n",
      "  int tseg = 0;\n  unsigned long long kbs = 0;\n  while (work.next(a, seg)) {\n"
      "    if (tseg < 4) kbs |= (unsigned long long)(seg.kb_hi - seg.kb_lo) << (16 * tseg);\n"),
+    (KERNEL, "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n",
+     "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n      if (i == 0) W4_T(25);\n"),
     (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
      "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (kb == seg.kb_lo && tseg < 4) W4_T(4 + 4 * tseg);\n"),
     (KERNEL, "    wgmma_wait<0>();\n    const int held",
@@ -106,6 +109,12 @@ PATCHES = [
      "      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);\n    W4_T(24);\n"),
     (KERNEL, "        stream_k_store(acc, a, blockIdx.x);",
      "        W4_T(22);\n        stream_k_store(acc, a, blockIdx.x);\n        W4_T(23);"),
+    (KERNEL, "    fence_mbar_init();\n  }\n  __syncthreads();\n",
+     "    fence_mbar_init();\n  }\n  __syncthreads();\n  W4_T(32);\n"),
+    (KERNEL, "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n",
+     "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n      if (lane == 0) w4_stamp(33);\n"),
+    (KERNEL, "  bool more = work.next(a, seg);\n",
+     "  bool more = work.next(a, seg);\n  if (lane == 0) w4_stamp(34);\n"),
     (KERNEL, "}  // namespace w4\n", HOST),
     ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
      "namespace w4 {\nvoid w4_trace_fetch(void* dst, size_t bytes);\nvoid w4_trace_clear();\n}\n"
@@ -145,6 +154,11 @@ def one_launch(mod, call, flush: torch.Tensor) -> dict:
         "blocks": len(blocks), "ghz": ghz,
         "span": max(exits) - min(entries), "skew": max(entries) - min(entries),
         "prologue": med([ns(b, 0, 4) for b in first]),
+        "part_a": med([ns(b, 0, 25) for b in first if b[25][1]]),
+        "issued": med([ns(b, 0, 1) for b in blocks if b[1][1]]),
+        "init": med([ns(b, 0, 32) for b in blocks if b[32][1]]),
+        "role": med([ns(b, 0, 33) for b in blocks if b[33][1]]),
+        "walk": med([ns(b, 0, 34) for b in blocks if b[34][1]]),
         "pdl": med([ns(b, 1, 2) for b in blocks if b[1][1] and b[2][1]]),
         "kblock": med([ns(b, 4, 5) / max(1, kb - 1) for b, kb in zip(first, kb0) if kb > 1]),
         "drain": med([ns(b, 5, 6) for b in first]),
@@ -196,7 +210,9 @@ def main() -> int:
         col = {key: med([r[key] for r in runs]) for key in runs[0]}
         print(f"{cell}: bench {bench:.2f} us | blocks {col['blocks']:.0f} tiles/block {col['tiles']:.0f} "
               f"kb/tile0 {col['kb']:.0f} @ {col['ghz']:.2f} GHz | span {col['span'] / 1e3:.2f} us, skew "
-              f"{col['skew'] / 1e3:.2f}, prologue {col['prologue'] / 1e3:.2f} (pdl wait {col['pdl'] / 1e3:.2f}), "
+              f"{col['skew'] / 1e3:.2f}, prologue {col['prologue'] / 1e3:.2f} (barriers {col['init'] / 1e3:.2f}, producer {col['role'] / 1e3:.2f}, first segment "
+              f"{col['walk'] / 1e3:.2f}, stage 0's constants issued {col['issued'] / 1e3:.2f}, part A {col['part_a'] / 1e3:.2f}, pdl wait "
+              f"{col['pdl'] / 1e3:.2f}), "
               f"kblock {col['kblock'] / 1e3:.3f}, drain {col['drain'] / 1e3:.2f}, out {col['out'] / 1e3:.2f}, "
               f"after {col['after'] / 1e3:.2f} (wait {col['wait1'] / 1e3:.2f}, sum {col['reduce'] / 1e3:.2f}, wait "
               f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}, stream-K add {col['skadd'] / 1e3:.2f} "
