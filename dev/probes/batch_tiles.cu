@@ -60,7 +60,7 @@ template <int NT>
 __global__ void __launch_bounds__(512) gemv_tiles(const Args a) {
   extern __shared__ __align__(16) float part[];  // [S][NT][4][32]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
-  const Lane l = make_lane(a, lane, warp);
+  const Lane<1> l = make_lane<1>(a, lane, warp);
   float acc0[NT][4] = {}, acc1[NT][4] = {};
   const uint4* x16 = reinterpret_cast<const uint4*>(a.x);
   for (int kb = warp * a.kb_per_warp; kb < l.kb_end; ++kb) {
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(512) gemv_tiles_shared(const Args a, int W) {
   const int tile = blockIdx.x * W + tw;
   const bool live = tile * 16 < a.N;
   // make_lane reads the tile from blockIdx.x: build the lane for this warp's tile by hand
-  Lane l;
+  Lane<1> l;
   l.g = lane >> 2;
   l.t = lane & 3;
   l.tile = live ? tile : 0;
@@ -119,10 +119,10 @@ __global__ void __launch_bounds__(512) gemv_tiles_shared(const Args a, int W) {
   l.has_hi = l.tile * 16 + 8 < a.N;
   l.words_n = a.N >> 3;
   l.zshift = 4 * ((l.g >> 1) + 4 * (l.g & 1));
-  l.has_x = true;
+  l.has_x[0] = true;
   l.wlo = a.qweight + (size_t)(2 * l.tile) * a.kblocks * 32 + lane;
   l.whi = l.wlo + (size_t)a.kblocks * 32;
-  l.xrow = nullptr;
+  l.xrow[0] = nullptr;
   l.policy = evict_first_policy();
   const int kb0 = s * a.kb_per_warp;
   l.kb_end = min(kb0 + a.kb_per_warp, a.kblocks);
