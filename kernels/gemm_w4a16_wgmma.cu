@@ -1220,12 +1220,12 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
   const int64_t tiles = (int64_t)row_blocks * m_tiles;
+  const WsSpread spread(tiles, kblocks, sms);
   if (splits == 0) {
     splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
     // split-K against stream-K over every SM, in thousandths of a k-block of one block's time:
     // clusters need whole GPCs' worth of free SMs, so the S that fits can leave SMs idle
-    const WsSpread spread(tiles, kblocks, sms);
     const int64_t split_cost = ((kblocks + splits - 1) / splits + splits + kSplitBaseCost) * 1000;
     if (splits > 1 && spread.sk_tiles > 0 && spread.waves * kblocks * 10 < 9 * split_cost) splits = 1;
   }
@@ -1237,7 +1237,6 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   plan->tiles = variant;
   plan->kernel = 3;
   plan->natural = natural;
-  const WsSpread spread(tiles, kblocks, sms);
   const bool persistent = plan->splits == 1;
   plan->ctas = persistent ? spread.ctas : 0;
   plan->sk_tiles = persistent ? spread.sk_tiles : 0;

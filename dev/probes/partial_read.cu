@@ -24,6 +24,7 @@
 #include "probe.cuh"
 
 constexpr int kThreads = 256;
+enum Way { kLsu = 0, kBulk = 1, kStore = 2 };  // kStore: read as kLsu, then store
 
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
@@ -38,7 +39,7 @@ __global__ void write_partials(float4* p, int pieces) {
 
 // kPieces: 16-byte pieces a thread (partial bytes = kPieces x 256 x 16)
 template <int kPieces>
-__global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __restrict__ p, int bulk, float* out,
+__global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __restrict__ p, int way, float* out,
                                                           unsigned long long* ns) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the mbarrier helpers and bulk copies: sm_90a only
   extern __shared__ __align__(1024) float4 sm[];
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
   const float4* part = p + (size_t)blockIdx.x * kPieces * kThreads;
   const unsigned long long t0 = now_ns();
   float4 v[kPieces];
-  if (bulk != 1) {
+  if (way != kBulk) {
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) v[i] = __ldcg(part + i * kThreads + threadIdx.x);
   } else {
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
   for (int i = 0; i < kPieces; ++i) acc += v[i].x + v[i].y + v[i].z + v[i].w;
   __syncthreads();
   const unsigned long long t1 = now_ns();
-  if (bulk == 2) {  // the other direction, as stream_k_store: the partial stored, fenced, then a flag
+  if (way == kStore) {  // the other direction, as stream_k_store: the partial stored, fenced, a barrier
     float4* mine = const_cast<float4*>(part) + (size_t)gridDim.x * kPieces * kThreads;
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) __stcg(mine + i * kThreads + threadIdx.x, v[i]);
@@ -90,25 +91,25 @@ __global__ void __launch_bounds__(kThreads, 1) read_partial(const float4* __rest
 }
 
 template <int kPieces>
-void run(int blocks, int bulk, const float4* p, float* out, unsigned long long* ns) {
+void run(int blocks, int way, const float4* p, float* out, unsigned long long* ns) {
   const int smem = kPieces * kThreads * 16;
   CK(cudaFuncSetAttribute(read_partial<kPieces>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   std::vector<unsigned long long> all;
   for (int rep = 0; rep < 21; ++rep) {
     write_partials<<<132, kThreads>>>(const_cast<float4*>(p), kPieces * kThreads);
-    read_partial<kPieces><<<blocks, kThreads, smem>>>(p, bulk, out, ns);
+    read_partial<kPieces><<<blocks, kThreads, smem>>>(p, way, out, ns);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     if (rep < 1) continue;
     std::vector<unsigned long long> h(2 * blocks);
     CK(cudaMemcpy(h.data(), ns, 2 * blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    all.insert(all.end(), h.begin() + (bulk == 2 ? blocks : 0), h.begin() + (bulk == 2 ? 2 * blocks : blocks));
+    all.insert(all.end(), h.begin() + (way == kStore ? blocks : 0), h.begin() + (way == kStore ? 2 * blocks : blocks));
   }
   std::sort(all.begin(), all.end());
   const double med = all[all.size() / 2], worst = all.back();
   const double bytes = (double)kPieces * kThreads * 16;
   printf("%-5s partial %3d KB  blocks %3d  median %6.2f us (%5.1f B/ns)  slowest %6.2f us\n",
-         bulk == 2 ? "store" : bulk ? "bulk" : "lsu",
+         way == kStore ? "store" : way == kBulk ? "bulk" : "lsu",
          (int)(bytes / 1024), blocks, med / 1e3, bytes / med, worst / 1e3);
 }
 
@@ -123,9 +124,9 @@ int main() {
   CK(cudaMalloc(&out, 132 * kThreads * sizeof(float)));
   CK(cudaMalloc(&ns, 2 * 132 * sizeof(unsigned long long)));
   for (int blocks : {1, 16, 48, 132})
-    for (int bulk : {0, 1, 2}) {
-      run<16>(blocks, bulk, p, out, ns);  // 64 KB: variants 2 and 3
-      run<32>(blocks, bulk, p, out, ns);  // 128 KB: variants 4 and 5
+    for (int way : {kLsu, kBulk, kStore}) {
+      run<16>(blocks, way, p, out, ns);  // 64 KB: variants 2 and 3
+      run<32>(blocks, way, p, out, ns);  // 128 KB: variants 4 and 5
     }
   return 0;
 }

@@ -118,10 +118,9 @@ def build_tree(name: str, src: Path, patches: list[tuple[str, str, str]] = ()):
         (staged / file).write_text(text.replace(old, new))
     # a tree built before from the same files is kept as it is, so that its build is not redone
     # (the patched files would be newer than their objects)
-    same = tree.exists() and sorted(p.relative_to(staged) for p in staged.rglob("*")) == sorted(
-        p.relative_to(tree) for p in tree.rglob("*")) and all(
-        p.is_dir() or p.read_bytes() == (tree / p.relative_to(staged)).read_bytes() for p in staged.rglob("*"))
-    if same:
+    def files(d: Path) -> dict:
+        return {f.relative_to(d): f.read_bytes() for f in d.rglob("*") if f.is_file()}
+    if tree.exists() and files(tree) == files(staged):
         shutil.rmtree(staged)
     else:
         if tree.exists():

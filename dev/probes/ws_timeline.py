@@ -13,12 +13,17 @@ after its pdl_wait. Each launch runs after a 256 MiB read that evicts L2; the me
 launches are printed beside the bench's per-call median (CUDA graph, cold L2) for the same call:
   span        first block's entry to the last block's exit (global timer)
   skew        last block's entry - first block's
-  prologue    entry -> first stage landed (per block, cycle counter, median block)
+  prologue    entry -> first stage landed (per block, cycle counter, median block), with its steps:
+              barriers initialised, producer begun, first segment found, stage 0's constants
+              issued, part A landed
   kblock      ns per k-block inside the first tile's loop (landed -> last k-block issued)
   drain       last k-block issued -> wgmmas drained
   out         wgmmas drained -> the tile's result gone (for the first tile)
-  after       the last tile's result gone -> exit (split-K's cluster sum)
+  after       the last tile's result gone -> exit (split-K: first barrier, this thread's sum, second
+              barrier)
   finish      last block's exit - median block's exit (global timer)
+  stream-K    the slowest block's add of the later pieces' partials (to its last flag, then that
+              partial's read) and the slowest store of a piece's partial
 The timestamps add a few instructions to the MMA warps; compare the span with the bench's median
 to see what they cost.
 """
