@@ -7,10 +7,12 @@ output is checked here).
 
 Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     base       the kernel as shipped
-    noscale    no per-weight scale multiply (the 8 mul.f16x2 of a word)
-    noconvert  no conversion at all: the packed words go to the tensor cores as they are
-    nodata     the producer copies only the first stages, then completes each stage's barriers
-               with no bytes (the MMA warps never wait for data; the persistent launch's producer)
+    noscale    no per-weight scale multiply (the natural k order's, which 128-token tiles and more
+               take)
+    noconvert  no conversion at all in that order: the packed words go to the tensor cores as they
+               are
+    nodata     the persistent launch's producer copies only the first stages, then completes each
+               stage's barriers with no bytes (the MMA warps never wait for data)
     mma_only   noconvert and nodata together: the wgmma stream and its barriers alone
     nosz       no scale and zero copies (cp.async) after the first stages
     nox        no activation copies after the first stages
@@ -34,6 +36,8 @@ from w4cli.bench import cases
 
 KERNEL = "gemm_w4a16_wgmma.cu"
 
+# the natural k order's conversion (launches of 128-token tiles and more; the permuted order's is
+# left as it is)
 CONVERT = """        for (int j = 0; j < 4; ++j) {  // per weight: (q - z) * s rounded once, the reference's W16
           af[i][2 * j] = mul_f16x2(u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]), slo[i]);
           af[i][2 * j + 1] = mul_f16x2(u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi[i].biased[0]), shi[i]);
@@ -46,8 +50,7 @@ NOCONVERT = """        for (int j = 0; j < 4; ++j) {
           af[i][2 * j] = wl[j] + slo[i] + zlo[i].biased[0];
           af[i][2 * j + 1] = wh[j] + shi[i] + zhi[i].biased[0];
         }"""
-# the persistent producer's ring step (the natural k order's conversion above; split launches keep
-# their own producer, untouched by nodata)
+# the persistent producer's ring step (nodata leaves split launches' own producer as it is)
 LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
       if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
