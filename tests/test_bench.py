@@ -6,6 +6,8 @@ Run: .venv/bin/python -m pytest -q tests/test_bench.py
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from types import SimpleNamespace
 
@@ -386,6 +388,31 @@ def test_runner_checks_every_kernel(cpu_runner):
     assert by[256, 64, None, cases.W4_DEQUANT].status == PASS
     assert len(steps) == runner.steps_for(todo, [1, 4], 128)
     assert not report.failures
+
+
+def test_runner_times_fp16_and_w4_twice_in_turn(cpu_runner, monkeypatch):
+    # in each cell the ratio's two methods are timed fp16, w4, w4, fp16 (each once right after the
+    # other), and each reports the mean of its two medians; the others are timed once
+    timed = []
+
+    def numbered_measure(*args, **kwargs):
+        t = fake_measure(*args, **kwargs)
+        timed.append(t.name)
+        us = 10.0 * len(timed)  # every measurement slower than the one before it
+        return dataclasses.replace(t, median_us=us, p10_us=us, p90_us=us, min_us=us, gbps=t.bytes_moved / us / 1e3)
+
+    monkeypatch.setattr(timing, "measure", numbered_measure)
+    steps = []
+    report = runner.run([shapes.Shape(256, 64)], [4], 128, step=steps.append)
+    by = {(r.m, r.method): r for r in report.results}
+    fp16, w4 = (f"{cases.label(key)} 256x64 M=4" for key in (cases.FP16, cases.W4_GEMV))
+    first = timed.index(fp16)
+    assert timed[first:first + 4] == [fp16, w4, w4, fp16] and timed.count(fp16) == timed.count(w4) == 2
+    assert by[4, cases.FP16].median_us == pytest.approx(10.0 * ((first + 1) + (first + 4)) / 2)
+    assert by[4, cases.W4_GEMV].median_us == pytest.approx(10.0 * ((first + 2) + (first + 3)) / 2)
+    assert by[4, cases.FP16].replays == 2 * by[4, cases.W4_DQ_MM].replays
+    assert timed.count(f"{cases.label(cases.W4_DQ_MM)} 256x64 M=4") == 1
+    assert len(steps) == runner.steps_for([shapes.Shape(256, 64)], [4], 128)
 
 
 def test_runner_reports_a_wrong_kernel_as_fail(cpu_runner):

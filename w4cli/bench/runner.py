@@ -6,7 +6,11 @@ Per shape, in table order: the methods measured once per shape (the dequantize k
 for every batch size M the others. A method that cannot take the shape (its refusal) is skipped
 with the reason; unquantized layers (lm_head) get the fp16 rows only. Method (timing.py): one CUDA
 graph per measurement over rotating input sets totalling >= 4x L2 (each set has its own weights, so
-every call reads HBM), warm-up replays, then the median of `replays` timed replays.
+every call reads HBM), warm-up replays, then the median of `replays` timed replays. The two methods
+the tables' ratio compares (PAIRED) are timed twice each in a cell, in the order fp16, w4, w4,
+fp16, and each reports the mean of its two medians: a measurement pays for what ran just before it
+(on the H100 at M >= 256, w4 timed right after fp16 cuBLAS read a median 2.3% slower than w4 timed
+after w4; dev/LOG.md, ninth session), and so each of the two is timed once after the other.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from w4cli.bench.shapes import ModelShapes, Shape
 from w4cli.errors import CheckFailed, EnvironmentUnavailable
 
 DEV = "cuda"
+PAIRED = (cases.FP16, cases.W4_GEMV)  # the ratio's two methods, timed fp16, w4, w4, fp16 in each cell
 
 Step = Callable[[str], None]
 
@@ -46,22 +51,32 @@ def rows(shape: Shape, batches: list[int], group: int) -> list[tuple[Method, int
             for m in [None, *batches] for method in methods if method.batched == (m is not None)]
 
 
+def paired_cells(todo: list[tuple[Method, int | None, str | None]]) -> set[int]:
+    """The batch sizes of one shape's rows where both PAIRED methods run (each timed twice there)."""
+    runnable = {(method.key, m) for method, m, why in todo if why is None}
+    return {m for _, m, _ in todo if m is not None and all((key, m) in runnable for key in PAIRED)}
+
+
 def steps_for(shapes: list[Shape], batches: list[int], group: int, model: ModelShapes | None = None) -> int:
-    """How many step() calls run() makes (for a progress bar): the copy, one per measurement, and
-    for a dense MODEL the decode step (lm_head, fp16, w4, w4 with PDL at every M, and each layer
-    kind alone for the breakdown methods)."""
-    steps = 1 + sum(why is None for s in shapes for _, _, why in rows(s, batches, group))
+    """How many step() calls run() makes (for a progress bar): the copy, one per measurement (two for
+    each PAIRED method where both run), and for a dense MODEL the decode step (lm_head, fp16, w4, w4
+    with PDL at every M, and each layer kind alone for the breakdown methods)."""
+    steps = 1
+    for s in shapes:
+        todo = rows(s, batches, group)
+        steps += sum(why is None for _, _, why in todo) + len(PAIRED) * len(paired_cells(todo))
     plan = decode_step.plan(model) if model is not None else None
     if plan is not None and not isinstance(plan, str):
         steps += len(batches) * (4 + len(decode_step.BREAKDOWN_METHODS) * len(plan.layer))
     return steps
 
 
-# one measurement -> one Result (pass, FAIL or skipped), never an exception for a kernel's fault
-def _measure(method: Method, layer: Layer, m: int | None, copy: timing.Timing, replays: int) -> Result:
+# one measurement -> its Timing, or the Result (FAIL or skipped) that says why there is none; never
+# an exception for a kernel's fault
+def _attempt(method: Method, layer: Layer, m: int | None, copy: timing.Timing, replays: int) -> timing.Timing | Result:
     k, n = layer.k, layer.n
     try:
-        t = method.case(layer, m).measure(copy, replays=replays)
+        return method.case(layer, m).measure(copy, replays=replays)
     except CheckFailed as exc:
         return Result(k, n, m, method.key, FAIL, str(exc))
     except torch.cuda.OutOfMemoryError:
@@ -71,11 +86,35 @@ def _measure(method: Method, layer: Layer, m: int | None, copy: timing.Timing, r
         raise
     except Exception as exc:  # noqa: BLE001 - a kernel refusing or crashing on this shape
         return Result(k, n, m, method.key, SKIPPED if method.optional else FAIL, _one_line(exc))
+
+
+def _passed(method: Method, layer: Layer, m: int | None, t: timing.Timing) -> Result:
     multiple = t.working_set_bytes / t.l2_bytes
     note = "" if multiple >= timing.L2_MULTIPLE else (
         f"working set {multiple:.1f}x L2 (wanted {timing.L2_MULTIPLE:g}x)" if multiple >= 1.5
         else f"working set {multiple:.2f}x L2: partly served from L2, optimistic")
-    return Result.from_timing(k, n, m, method.key, t, note)
+    return Result.from_timing(layer.k, layer.n, m, method.key, t, note)
+
+
+def _label(method: Method, shape: Shape, m: int | None) -> str:
+    return f"{method.label} {shape.label}" + (f" M={m}" if m is not None else "")
+
+
+def _measure_pair(shape: Shape, layer: Layer, m: int, copy: timing.Timing, replays: int,
+                  step: Step) -> dict[str, Result]:
+    """PAIRED's two methods at M, timed in the order A, B, B, A; each one's Result from the mean of
+    its two medians, or the first of its attempts that has no time."""
+    a, b = (METHODS[key] for key in PAIRED)
+    attempts: dict[str, list[timing.Timing | Result]] = {a.key: [], b.key: []}
+    for method in (a, b, b, a):
+        step(_label(method, shape, m))
+        attempts[method.key].append(_attempt(method, layer, m, copy, replays))
+    out = {}
+    for method in (a, b):
+        first, second = attempts[method.key]
+        failed = next((t for t in (first, second) if isinstance(t, Result)), None)
+        out[method.key] = failed or _passed(method, layer, m, timing.combined(first, second))
+    return out
 
 
 def environment() -> dict[str, Any]:
@@ -114,12 +153,20 @@ def run(shapes: list[Shape], batches: list[int], group: int, *, model: ModelShap
         env = environment()
         for i, shape in enumerate(shapes):
             layer = Layer(shape.k, shape.n, group, seed=i + 1, device=DEV)
-            for method, m, why in rows(shape, batches, group):
+            todo = rows(shape, batches, group)
+            paired = paired_cells(todo)
+            pairs: dict[int, dict[str, Result]] = {}
+            for method, m, why in todo:
                 if why is not None:
                     results.append(Result(shape.k, shape.n, m, method.key, SKIPPED, why))
-                    continue
-                step(f"{method.label} {shape.label}" + (f" M={m}" if m is not None else ""))
-                results.append(_measure(method, layer, m, copy, replays))
+                elif m in paired and method.key in PAIRED:
+                    if m not in pairs:
+                        pairs[m] = _measure_pair(shape, layer, m, copy, replays, step)
+                    results.append(pairs[m][method.key])
+                else:
+                    step(_label(method, shape, m))
+                    t = _attempt(method, layer, m, copy, replays)
+                    results.append(t if isinstance(t, Result) else _passed(method, layer, m, t))
             del layer
             torch.cuda.empty_cache()
         steps: list[decode_step.StepResult] = []
@@ -132,7 +179,9 @@ def run(shapes: list[Shape], batches: list[int], group: int, *, model: ModelShap
     env["copy_method"] = copy.name
     env["replays"] = replays
     env["method"] = (f"each measurement: one CUDA graph over rotating input sets >= {timing.L2_MULTIPLE:g}x L2, "
-                     f"3 warm-up replays, median of {replays} timed replays (w4cli/gpu/timing.py)")
+                     f"3 warm-up replays, median of {replays} timed replays (w4cli/gpu/timing.py); "
+                     f"fp16 cuBLAS and the w4 path timed twice each in a cell (fp16, w4, w4, fp16), "
+                     f"each the mean of its two medians")
     report = Report(env, copy.gbps, copy.name, group, batches, shapes, results, model, steps=steps)
     if why_not:
         report.notes.append(why_not)

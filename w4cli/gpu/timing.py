@@ -220,6 +220,32 @@ def measure(
     )
 
 
+def combined(a: Timing, b: Timing) -> Timing:
+    """Two measurements of one call as one: the mean of their medians (each was taken in another
+    place of a run: `w4 bench` times its two compared methods in the order A, B, B, A), the wider
+    of their tails, and both counts of replays."""
+    median = (a.median_us + b.median_us) / 2
+    p10, p90 = min(a.p10_us, b.p10_us), max(a.p90_us, b.p90_us)
+    gbps = a.bytes_moved / (median * 1e-6) / 1e9
+    copy_gbps = a.gbps * 100.0 / a.pct_of_copy if a.pct_of_copy else None
+    return Timing(
+        name=a.name,
+        median_us=median,
+        p10_us=p10,
+        p90_us=p90,
+        min_us=min(a.min_us, b.min_us),
+        spread=(p90 - p10) / median,
+        bytes_moved=a.bytes_moved,
+        gbps=gbps,
+        pct_of_copy=(100.0 * gbps / copy_gbps) if copy_gbps else None,
+        replays=a.replays + b.replays,
+        input_sets=a.input_sets,
+        working_set_bytes=a.working_set_bytes,
+        l2_bytes=a.l2_bytes,
+        device=a.device,
+    )
+
+
 def copy_bandwidth(
     nbytes: int | None = None,
     device: torch.device | int | None = None,
