@@ -23,6 +23,6 @@ timeout 220 make test-gpu 2>&1 | tee "$OUT/test_gpu.txt" | tail -4
 for group in "4096x4096 4096x6144 4096x14336 14336x4096" "8192x8192 8192x28672 28672x8192"; do
   args=(); for s in $group; do args+=(--shape "$s"); done
   name=$(echo "$group" | cut -d' ' -f1)
-  timeout 170 python3 -m w4cli bench "${args[@]}" --batch $BATCH --markdown > "$OUT/bench_$name.md" 2> "$OUT/bench_$name.err"
+  timeout 280 python3 -m w4cli bench "${args[@]}" --batch $BATCH --markdown > "$OUT/bench_$name.md" 2> "$OUT/bench_$name.err"
   echo "bench $group rc=$?"
 done
