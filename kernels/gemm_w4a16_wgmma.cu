@@ -954,17 +954,8 @@ int max_active_clusters(const void* fn, int threads, int smem, int size) {
   const auto key = std::make_tuple(device, fn, size);
   const auto found = known.find(key);
   if (found != known.end()) return found->second;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(1, size, 1);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = 1;
-  attribute.val.clusterDim.y = static_cast<unsigned>(size);
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attribute = cluster_attribute(size);
+  const cudaLaunchConfig_t config = launch_config(dim3(1, size, 1), dim3(threads), smem, nullptr, &attribute, 1);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) {
     cudaGetLastError();  // (clear it: the answer is "unknown")

@@ -2,14 +2,17 @@
 // Every warp-specialised variant takes more than half an SM's shared memory, so its blocks run one
 // an SM and the clusters that fit depend on the cluster size alone (the GPCs' SM counts), not on
 // the variant: this asks the driver (cudaOccupancyMaxActiveClusters) for S = 1..8 with one
-// 200 KB block of 384 threads an SM, as plan_gemm_w4a16_ws's fit_cluster_splits does for the real
-// kernels, and prints the SMs those clusters leave idle, for the variant model's offline replays.
+// 200 KB block of 384 threads an SM, with the launch attribute and config the kernels' own
+// fit_cluster_splits uses (launch.cuh), and prints the SMs those clusters leave idle, for the
+// variant model's offline replays.
 //
-//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probes/cluster_fit.cu -o build/cluster_fit
+//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/cluster_fit.cu -o build/cluster_fit
 //     build/cluster_fit
 #include <cuda_runtime.h>
 
 #include <cstdio>
+
+#include "launch.cuh"
 
 __global__ void __launch_bounds__(384, 1) one_block_an_sm() {
   extern __shared__ char smem[];
@@ -31,17 +34,8 @@ int main() {
   std::printf("%s, %d SMs, one %d KB block of 384 threads an SM\n", prop.name, sms, kSmem / 1024);
   std::printf("S  clusters at once  blocks  SMs idle\n");
   for (int s = 1; s <= 8; ++s) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(1, s * 64, 1);
-    config.blockDim = dim3(384);
-    config.dynamicSmemBytes = kSmem;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = 1;
-    attribute.val.clusterDim.y = static_cast<unsigned>(s);
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attribute = w4::cluster_attribute(s);
+    const cudaLaunchConfig_t config = w4::launch_config(dim3(1, s * 64, 1), dim3(384), kSmem, nullptr, &attribute, 1);
     int clusters = 0;
     const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, one_block_an_sm, &config);
     if (err != cudaSuccess) {
