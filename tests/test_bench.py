@@ -7,7 +7,6 @@ Run: .venv/bin/python -m pytest -q tests/test_bench.py
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from types import SimpleNamespace
 
