@@ -172,6 +172,36 @@ def test_decode_step_plan_wiring_and_bytes():
     assert results == [] and "query_key_value" in why and "multiple" in why
 
 
+def test_decode_step_times_each_method_twice_around_the_others(cpu_runner, monkeypatch):
+    # fp16, w4, w4 PDL, w4 PDL, w4, fp16: each method's step (and its kinds) the mean of its two passes
+    from w4cli.bench import step
+
+    model = shapes.from_config({"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                                "vocab_size": 1000}).fused()
+    timed = []
+
+    def numbered_measure(*args, name="kernel", **kwargs):
+        timed.append(name)
+        return dataclasses.replace(fake_measure(*args, name=name, **kwargs), median_us=float(len(timed)))
+
+    monkeypatch.setattr(timing, "measure", numbered_measure)
+    results, why = step.measure(model, [1], 128, None, 5, lambda label: None, "cpu", cpu_runner.gemv)
+    assert why is None
+    steps = [(i + 1, name.split()[-1]) for i, name in enumerate(timed) if name.startswith("decode step ")
+             and len(name.split()) == 3]
+    assert [method for _, method in steps] == list(step.PASS_ORDER)
+    by = {r.method: r for r in results}
+    for method in (step.FP16, step.W4, step.W4_PDL):
+        at = [i for i, m in steps if m == method]
+        assert by[method].measured_us == pytest.approx(sum(at) / 2)
+    kinds = [(i + 1, name) for i, name in enumerate(timed) if name.startswith("decode step fp16 ")]
+    first = {name: i for i, name in reversed(kinds)}
+    last = {name: i for i, name in kinds}
+    assert [k.us for k in by[step.FP16].kinds] == [pytest.approx((first[n] + last[n]) / 2) for n in
+                                                   (f"decode step fp16 {k.name}" for k in by[step.FP16].kinds)]
+
+
 def test_multimodal_text_config_is_used():
     m = shapes.from_config({"model_type": "mistral3", "text_config": {**LLAMA3_8B, "model_type": "mistral"}})
     assert (4096, 14336) in by_shape(m)

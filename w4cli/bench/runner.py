@@ -59,15 +59,18 @@ def paired_cells(todo: list[tuple[Method, int | None, str | None]]) -> set[int]:
 
 def steps_for(shapes: list[Shape], batches: list[int], group: int, model: ModelShapes | None = None) -> int:
     """How many step() calls run() makes (for a progress bar): the copy, one per measurement (two for
-    each PAIRED method where both run), and for a dense MODEL the decode step (lm_head, fp16, w4, w4
-    with PDL at every M, and each layer kind alone for the breakdown methods)."""
+    each PAIRED method where both run), and for a dense MODEL the decode step (at every M lm_head,
+    then each pass of step.PASS_ORDER: the step, and each layer kind alone for the breakdown
+    methods)."""
     steps = 1
     for s in shapes:
         todo = rows(s, batches, group)
         steps += sum(why is None for _, _, why in todo) + len(PAIRED) * len(paired_cells(todo))
     plan = decode_step.plan(model) if model is not None else None
     if plan is not None and not isinstance(plan, str):
-        steps += len(batches) * (4 + len(decode_step.BREAKDOWN_METHODS) * len(plan.layer))
+        per_m = 1 + sum(1 + len(plan.layer) * (method in decode_step.BREAKDOWN_METHODS)
+                        for method in decode_step.PASS_ORDER)
+        steps += len(batches) * per_m
     return steps
 
 
