@@ -944,7 +944,7 @@ bool pick_ws_variant(int variant, WsVariant* v) {
 }
 
 // Clusters of (1, size, 1) blocks of `fn` that fit on the GPU at once (0 if the driver cannot say),
-// asked once per device, kernel and size (the kernel's shared-memory attribute set first).
+// asked once per device, kernel and size (its shared-memory attribute set to `smem` first).
 int max_active_clusters(const void* fn, int threads, int smem, int size) {
   static std::mutex mutex;
   static std::map<std::tuple<int, const void*, int>, int> known;
@@ -954,6 +954,7 @@ int max_active_clusters(const void* fn, int threads, int smem, int size) {
   const auto key = std::make_tuple(device, fn, size);
   const auto found = known.find(key);
   if (found != known.end()) return found->second;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) cudaGetLastError();
   cudaLaunchAttribute attribute = cluster_attribute(size);
   const cudaLaunchConfig_t config = launch_config(dim3(1, size, 1), dim3(threads), smem, nullptr, &attribute, 1);
   int clusters = 0;
@@ -1031,20 +1032,24 @@ struct WsSpread {
 
 // The variant whose waves of blocks cost least: the waves (whole ones with split-K, WsSpread's
 // without) x the block's MT x R
-// x (its k-blocks, plus a split-K reduction's) x the variant's cost per unit of work (relative to
-// variant 5: smaller tiles pay more conversion and shared-memory traffic per MMA; H100, fitted
-// to a sweep of every variant on the seven Llama shapes at M = 64-1024 with both k orders as
-// pick_k_order takes them, where this pick is within 3% of the best on 34 of 35 cells, 7% off on
-// 14336x4096 at M = 128; dev/LOG.md).
+// x (its k-blocks, plus a split-K reduction's, at the split count whose clusters fit, as the
+// launch will run it) x the variant's cost per unit of work (relative to variant 5: smaller tiles
+// pay more conversion and shared-memory traffic per MMA). H100, fitted to the medians of four
+// sweeps of every variant at its automatic split on the seven Llama shapes at M = 64-1024, where
+// this pick is within 3% of the best on 34 of 35 cells (7% off on 28672x8192 at M = 128), and
+// checked on 8192x10240, 4096x28672 and 8192x57344 at M = 64-512 (within 3% on all 12; dev/LOG.md).
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
-  static constexpr int64_t kCost[6] = {0, 190, 130, 130, 125, 100};
+  static constexpr int64_t kCost[6] = {0, 210, 130, 130, 100, 100};
   const int kblocks = static_cast<int>((K + 127) / 128);
   int best = 5;
   int64_t best_cost = INT64_MAX;
   for (int v = 5; v >= 1; --v) {  // ties go to the larger tile
     const int64_t blocks = (N + kRows[v] - 1) / kRows[v] * ((M + kTokens[v] - 1) / kTokens[v]);
-    const int splits = ws_auto_splits(blocks, kblocks, sms);
+    WsVariant variant;
+    pick_ws_variant(v, &variant);
+    const int splits = fit_cluster_splits(reinterpret_cast<const void*>(variant.fn[1][1]), kWsThreads, variant.smem,
+                                          blocks, ws_auto_splits(blocks, kblocks, sms), sms);
     const int64_t per_block = (kblocks + splits - 1) / splits + (splits > 1 ? splits + kSplitBaseCost : 0);
     // in thousandths of a wave: split-K clusters run in whole waves
     const int64_t waves = splits > 1 ? (blocks * splits + sms - 1) / sms * 1000 : WsSpread(blocks, kblocks, sms).waves;
