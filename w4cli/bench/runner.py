@@ -10,7 +10,7 @@ every call reads HBM), warm-up replays, then the median of `replays` timed repla
 the tables' ratio compares (PAIRED) are timed twice each in a cell, in the order fp16, w4, w4,
 fp16, and each reports the mean of its two medians: a measurement pays for what ran just before it
 (on the H100 at M >= 256, w4 timed right after fp16 cuBLAS read a median 2.3% slower than w4 timed
-after w4; dev/LOG.md, ninth session), and so each of the two is timed once after the other.
+after w4; dev/probes/order_effect.py), and so each of the two is timed once after the other.
 """
 
 from __future__ import annotations

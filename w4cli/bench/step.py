@@ -132,12 +132,14 @@ class StepResult:
 
 
 def combined(a: StepResult, b: StepResult) -> StepResult:
-    """One method's two passes at one M as one: the mean of the graphs' medians and of each kind's;
-    the pass without a time (out of memory), where there is one."""
+    """One method's two passes at one M as one: the mean of the graphs' medians (b's brought to a's
+    decoder layers, should the free memory have let it measure another count) and of each kind's
+    (already scaled to every layer); the pass without a time (out of memory), where there is one."""
     if a.measured_us is None or b.measured_us is None:
         return a if a.measured_us is None else b
+    b_us = b.measured_us * a.layers_measured / b.layers_measured
     kinds = tuple(KindTime(x.name, (x.us + y.us) / 2, x.bytes) for x, y in zip(a.kinds, b.kinds))
-    return replace(a, measured_us=(a.measured_us + b.measured_us) / 2, kinds=kinds)
+    return replace(a, measured_us=(a.measured_us + b_us) / 2, kinds=kinds)
 
 
 def linear_bytes(lin: Linear, method: str, m: int, group: int) -> int:
