@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from w4cli.bench import cases
+from w4cli.gpu import timing
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA GPU (conftest.py)
 
@@ -33,6 +34,19 @@ def test_short_bench_passes_every_check(w4, tmp_path):
         assert r["median_us"] > 0 and r["gbps"] > 0 and 0 < r["pct_of_copy"] < 200, r
         assert r["bytes_moved"] == cases.METHODS[r["method"]].bytes_moved(4096, 1024, r["m"], 128)
     assert "w4 GEMV" in result.stdout and "fp16 cuBLAS" in result.stdout
+
+
+def test_timed_replays_span_the_asked_time():
+    # a short call: 30 replays would take far less than timed_ms, so the harness must add replays
+    src = torch.randn(1 << 20, device="cuda")
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        return a * 2
+
+    t = timing.measure(fn, lambda i: (src.clone(),), src.numel() * 8, lambda out, args: bool(torch.equal(out, args[0] * 2)),
+                       warmup_ms=20.0, replays=5, timed_ms=60.0)
+    replay_ms = t.median_us * t.input_sets / 1000
+    assert t.replays > 5 and t.replays * replay_ms >= 0.5 * 60.0, (t.replays, replay_ms)
 
 
 def test_decode_step_as_one_graph_on_a_small_dense_model(w4, tmp_path):

@@ -47,7 +47,7 @@ def bench(
     ] = None,
     batch: Annotated[str, typer.Option("--batch", help="Comma list of batch sizes M (rows of activations).")] = DEFAULT_BATCHES,
     group: Annotated[int, typer.Option("--group", help="Quantization group size along K.")] = 128,
-    replays: Annotated[int, typer.Option("--replays", help="Timed CUDA-graph replays per measurement (median reported).")] = 30,
+    replays: Annotated[int, typer.Option("--replays", help="Timed CUDA-graph replays per measurement, at least (and at least 0.3 s of them; median reported).")] = 30,
     json_file: JsonOpt = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print markdown tables (for docs/performance.md) instead of Rich tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the shapes that would be measured and exit; needs no GPU.")] = False,

@@ -7,8 +7,14 @@ Method:
   * cold L2: the kernel is captured into ONE CUDA graph that calls it once per input set, over
     enough sets that their inputs total >= 4x the L2 cache (L2 size read from the device), so no
     call finds its inputs in L2 from the previous call; graph replay removes launch gaps.
-  * warm-up replays, then `replays` timed replays (CUDA events around each); per-call time =
-    replay time / number of sets. Reported: median, p10, p90, min and spread = (p90-p10)/median.
+  * steady state: warm-up replays for at least WARMUP_MS, then timed replays (CUDA events around
+    each) for at least `replays` and at least TIMED_MS; per-call time = replay time / number of
+    sets. Reported: median, p10, p90, min and spread = (p90-p10)/median. A GPU at its power
+    limit lowers its clocks some 50-500 ms into a sustained load (H100 SXM at 700 W: a compute-bound
+    call 10-19% slower after 0.5 s than in its first 40 ms, a memory-bound one unchanged;
+    dev/probes/clocks_under_load.py) and regains them within 10 ms of idle, so a short warm-up
+    would time compute-bound calls at clocks no sustained workload keeps, and unlike memory-bound
+    ones; served batches and prefill run sustained.
   * bytes are counted by the caller, per kernel call, and passed in (`bytes_moved`); GB/s =
     bytes / median. `copy_bandwidth()` measures a large device-to-device copy through the same
     harness (read + write bytes counted) so `pct_of_copy` compares against a ceiling from the same
@@ -37,6 +43,8 @@ InputSets = Union[Sequence[Args], Callable[[int], Args]]
 CheckFn = Callable[[Any, Args], Union[bool, None]]
 
 L2_MULTIPLE = 4.0  # the rotating input sets total at least this many times the L2 size
+WARMUP_MS = 400.0  # replays before the first timed one: past the power limit's settling (module doc)
+TIMED_MS = 300.0  # the timed replays span at least this: the settled clock still swings by a few %
 MAX_SETS = 256  # kernel calls per graph replay; a layer too small to reach the L2 multiple even so is timed with MAX_SETS, and Timing.working_set_bytes says so
 
 
@@ -132,8 +140,9 @@ def measure(
     name: str = "kernel",
     copy: "Timing | float | None" = None,
     warmup: int = 3,
-    warmup_ms: float = 25.0,
+    warmup_ms: float = WARMUP_MS,
     replays: int = 30,
+    timed_ms: float = TIMED_MS,
     l2_multiple: float = L2_MULTIPLE,
     min_sets: int = 2,
     check_all_sets: bool = False,
@@ -145,8 +154,9 @@ def measure(
     check_all_sets) before timing and on the graph's set-0 output after timing.
     bytes_moved: bytes one call must move through device memory, counted by the caller.
     copy: a `copy_bandwidth()` Timing (or its GB/s) measured in the same run, for pct_of_copy.
-    warm-up: at least `warmup` replays and at least `warmup_ms` of them (triton's do_bench default),
-    so the clocks have ramped before the first timed replay whatever the kernel's length.
+    warm-up: at least `warmup` replays and at least `warmup_ms` of them, so that the clocks have
+    settled under the load before the first timed replay whatever the kernel's length; timed: at
+    least `replays` replays and at least `timed_ms` of them (Timing.replays says how many).
     """
     first = inputs(0) if callable(inputs) else inputs[0]
     dev = next((a.device for a in first if isinstance(a, torch.Tensor)), None)
@@ -184,8 +194,13 @@ def measure(
         finish.synchronize()
         warm_ms = begin.elapsed_time(finish)
         more = math.ceil(warmup * (warmup_ms / warm_ms - 1)) if warm_ms < warmup_ms else 0
-        for _ in range(min(more, 10_000)):
+        more = min(more, 10_000)
+        for _ in range(more):
             graph.replay()
+        finish.record()
+        finish.synchronize()
+        replay_ms = begin.elapsed_time(finish) / (warmup + more)  # at the settled clock, mostly
+        replays = max(replays, min(math.ceil(timed_ms / replay_ms), 10_000))
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
         for start, end in events:
             start.record()
