@@ -171,9 +171,13 @@ def main() -> int:
                     for name, mod in mods.items():
                         def run(x, qw, qz, s, mod=mod, variant=variant, splits=splits):
                             return mod.gemm_w4_batch(x, qw, qz, s, None, splits, variant, args.kernel)
+                        began = time.time()
                         t = timing.measure(run, lambda i: (layer.x(m, i), *layer.gemv(i)), 0, lambda out, a: True,
                                            name=f"{name}")
                         row.append(f"{name} {t.median_us:.1f} us ({flops / t.median_us / 1e6:.0f} TFLOP/s)")
+                        # wall-clock bounds, to match with a power log (nvidia-smi --query-gpu=timestamp,...)
+                        print(f"  window {shape} M={m} v{variant} s{splits} {name}: {began:.2f} {time.time():.2f}",
+                              flush=True)
                     print(f"{shape} M={m} kernel {args.kernel} variant {variant} splits {splits}: " + " | ".join(row),
                           flush=True)
     return 0

@@ -50,9 +50,8 @@ from w4cli.gpu.contract import (
     TINY_LAYER_DEQUANT_M,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
+    WS_MAX_M,
     WS_MIN_M,
-    WS_LARGE_LAYER,
-    WS_PATH_MAX_M,
 )
 from w4cli.errors import EnvironmentUnavailable
 
@@ -314,9 +313,8 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most TINY_LAYER), "batch" (the
     mma.sync batch kernel, one read of the weight: M <= 64, or M <= 16 where wgmma exists),
     "wgmma" (the cp.async wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
-    "wgmma ws" (the warp-specialised wgmma kernel, one launch, from WS_MIN_M rows on compute
-    capability 9.0 where it beats dequantize + cuBLAS: up to WS_PATH_MAX_M rows, and beyond on
-    layers of at least WS_LARGE_LAYER weights), "batch xC" (C launches of at most 64 rows, each
+    "wgmma ws" (the warp-specialised wgmma kernel, one launch per WS_MAX_M rows, from WS_MIN_M
+    rows on compute capability 9.0), "batch xC" (C launches of at most 64 rows, each
     reading the weight), or
     "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
@@ -329,9 +327,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
     if wgmma and m >= WS_MIN_M:
-        if m <= WS_PATH_MAX_M or k * n >= WS_LARGE_LAYER:
-            return "wgmma ws"
-        return "dequant+cuBLAS"
+        return "wgmma ws"
     if wgmma and m >= WGMMA_MIN_M:
         return "wgmma"
     if m <= BATCH_MAX_M:
@@ -380,7 +376,7 @@ def gemv(
     if path.startswith(("batch", "wgmma")):
         if scales.data_ptr() % 16:
             scales = scales.clone()  # the batch kernels copy scales 16 bytes at a time
-        kernel, rows = {"wgmma ws": (3, x.shape[0]), "wgmma": (2, WGMMA_MAX_M)}.get(path, (1, BATCH_MAX_M))
+        kernel, rows = {"wgmma ws": (3, WS_MAX_M), "wgmma": (2, WGMMA_MAX_M)}.get(path, (1, BATCH_MAX_M))
         if x.shape[0] <= rows:
             return mod.gemm_w4_batch(x, qweight, qzeros, scales, bias, 0, 0, kernel, pdl)
         return torch.cat([mod.gemm_w4_batch(x[i : i + rows].contiguous(), qweight, qzeros, scales, bias, 0, 0, kernel, pdl)
