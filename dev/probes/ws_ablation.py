@@ -1,6 +1,7 @@
 """Where the warp-specialised kernel's time goes: the same kernel built with one part taken out at a
 time, timed on the bench's harness (lab only: the ablated kernels compute wrong results, so no
-output is checked here).
+output is checked here). Each measurement's wall-clock window is printed, so that a power log
+(nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm -lms 100) can be matched to it.
 
     PYTHONPATH=. python3 dev/probes/ws_ablation.py [--shapes 8192x28672] [--m 1024,4096] [--variants 3,5]
         [--splits 0] [--kernel 3] [--builds base,noscale,...]
