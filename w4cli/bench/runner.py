@@ -6,9 +6,10 @@ Per shape, in table order: the methods measured once per shape (the dequantize k
 for every batch size M the others. A method that cannot take the shape (its refusal) is skipped
 with the reason; unquantized layers (lm_head) get the fp16 rows only. Method (timing.py): one CUDA
 graph per measurement over rotating input sets totalling >= 4x L2 (each set has its own weights, so
-every call reads HBM), warm-up replays, then the median of `replays` timed replays. The two methods
-the tables' ratio compares (PAIRED) are timed twice each in a cell, in the order fp16, w4, w4,
-fp16, and each reports the mean of its two medians: a measurement pays for what ran just before it
+every call reads HBM), warm-up replays until the clocks settle, then the median of at least
+`replays` timed replays (timing.WARMUP_MS, timing.TIMED_MS). The two methods the tables' ratio
+compares (PAIRED) are timed twice each in a cell, in the order fp16, w4, w4, fp16, and each
+reports the mean of its two medians: a measurement pays for what ran just before it
 (on the H100 at M >= 256, w4 timed right after fp16 cuBLAS read a median 2.3% slower than w4 timed
 after w4; dev/probes/order_effect.py), and so each of the two is timed once after the other.
 """
@@ -182,7 +183,8 @@ def run(shapes: list[Shape], batches: list[int], group: int, *, model: ModelShap
     env["copy_method"] = copy.name
     env["replays"] = replays
     env["method"] = (f"each measurement: one CUDA graph over rotating input sets >= {timing.L2_MULTIPLE:g}x L2, "
-                     f"3 warm-up replays, median of {replays} timed replays (w4cli/gpu/timing.py); "
+                     f"{timing.WARMUP_MS / 1000:g} s of warm-up replays, median of at least {replays} timed replays "
+                     f"over at least {timing.TIMED_MS / 1000:g} s (w4cli/gpu/timing.py); "
                      f"fp16 cuBLAS and the w4 path timed twice each in a cell (fp16, w4, w4, fp16), "
                      f"each the mean of its two medians")
     report = Report(env, copy.gbps, copy.name, group, batches, shapes, results, model, steps=steps)
