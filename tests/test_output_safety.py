@@ -38,10 +38,19 @@ def slow_model(directory: Path) -> Path:
 SLOW_ARGS = ("--device", "cpu", "--dtype", "float32", "--max-shard-size", "1MB")
 
 
-def start_w4(*args, cwd: Path) -> subprocess.Popen:
+def start_w4(*args, cwd: Path, ignored: tuple[int, ...] = ()) -> subprocess.Popen:
+    """`python -m w4cli ARGS` as a terminal starts it: every stop signal at its default, whatever this
+    test process inherited (a suite run under nohup, or as a background job, ignores HUP or INT, and
+    w4 keeps what its parent ignores), except those in `ignored`."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+
+    def dispositions() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN if signum in ignored else signal.SIG_DFL)
+
     return subprocess.Popen(
-        [sys.executable, "-m", "w4cli", *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "w4cli", *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=dispositions,
     )
 
 
@@ -63,12 +72,12 @@ def writing_a_shard(out: Path):
     return lambda: any(out.parent.glob(f"{out.name}{TEMP}*/model-*.safetensors"))
 
 
-def writing_run(tmp_path: Path) -> tuple[Path, Path, subprocess.Popen]:
+def writing_run(tmp_path: Path, ignored: tuple[int, ...] = ()) -> tuple[Path, Path, subprocess.Popen]:
     """A slow dequantize of a fresh model into tmp_path/out, returned once its first shard is being
-    written: (source, out, the running process)."""
+    written: (source, out, the running process; `ignored`: as start_w4's)."""
     src = slow_model(tmp_path / "src")
     out = tmp_path / "out"
-    proc = start_w4("dequantize", src, out, *SLOW_ARGS, cwd=tmp_path)
+    proc = start_w4("dequantize", src, out, *SLOW_ARGS, cwd=tmp_path, ignored=ignored)
     wait_for(proc, writing_a_shard(out), "the first shard")
     return src, out, proc
 
@@ -272,6 +281,16 @@ def test_sigterm_and_sighup_while_writing_leave_nothing_behind(tmp_path, signum)
     assert error_lines(stderr) == [f"error: interrupted; OUTPUT_DIR {out} was not changed"], stderr
     assert "Traceback" not in stderr
     assert not out.exists()
+    assert temps(out) == []
+
+
+def test_a_hangup_the_parent_ignores_leaves_the_run_going(tmp_path):
+    # `nohup w4 ...`: a hangup ignored before w4 started stays ignored, and the run completes
+    src, out, proc = writing_run(tmp_path, ignored=(signal.SIGHUP,))
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_OK, stderr
+    assert_complete(out, torch.float32)
     assert temps(out) == []
 
 

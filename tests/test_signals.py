@@ -16,8 +16,12 @@ from w4cli.write.writer import _Writer
 
 @pytest.fixture
 def stop_handler():
-    """w4's handler on every stop signal for the test's duration, the previous ones put back."""
+    """w4's handler on every stop signal for the test's duration, the previous ones put back (each
+    set to its default first: install() keeps a signal ignored, as a suite run under nohup or as a
+    background job would have them)."""
     previous = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    for signum in signals.STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
     signals.install()
     yield
     for signum, handler in previous.items():

@@ -8,9 +8,11 @@ Per cell and method, after a second idle: calls back to back for `seconds`, time
 by CUDA events, while nvidia-smi samples the SM clock and power every 100 ms. Printed: the time
 per call in the first 40 ms (about as long as a `w4 bench` cell runs), in the last half, and the
 median clock and power over the last half; the time per call in windows of 10, 20, 40, ... ms;
-and, once hot, the first 10 calls after 10 ms to 1 s idle. Methods: fp16 (cuBLAS), w4 (the path `gemv` picks),
-w4o1 / w4o2 (the warp-specialised kernel in the permuted / natural k order). `sets`: copies of the
-weights the calls rotate through (the decode step reads a different layer's weights every call).
+and, once hot, the first 10 calls after 10 ms to 1 s idle. Methods: fp16 (cuBLAS), w4 (the path
+`gemv` picks), w4o1 / w4o2 (the warp-specialised kernel in the permuted / natural k order).
+`sets`: copies of the weights the calls rotate through (the decode step reads a different layer's
+weights every call). The calls are launched one by one from Python, not from a graph: calls of
+less than about 50 us are bound by their launches here.
 """
 
 from __future__ import annotations

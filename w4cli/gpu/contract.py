@@ -40,8 +40,9 @@ WGMMA_MAX_M = 128
 WS_MIN_M = 33
 WS_MAX_M = 65536
 WS_TILE_M = 256  # the most tokens in one of its tiles
-# It is the path from WS_MIN_M rows on every layer larger than TINY_LAYER: timed sustained, it beats
-# dequantize + cuBLAS at M = 4096 on the 4096-wide Llama layers too (H100, 1-6%; dev/LOG.md)
+# The warp-specialised kernel is the path from WS_MIN_M rows on every layer larger than TINY_LAYER:
+# timed sustained, it beats dequantize + cuBLAS at M = 2048-4096 on the 4096-wide Llama layers too
+# (H100, 3-14%; dev/LOG.md)
 # layers of at most this many weights (k_proj, v_proj: N = 1024) fill too few SMs for the batch
 # kernels: from TINY_LAYER_DEQUANT_M rows, dequantize + cuBLAS is faster there
 TINY_LAYER = 8192 * 1024

@@ -11,10 +11,10 @@ Method:
     each) for at least `replays` and at least TIMED_MS; per-call time = replay time / number of
     sets. Reported: median, p10, p90, min and spread = (p90-p10)/median. A GPU at its power
     limit lowers its clocks some 50-500 ms into a sustained load (H100 SXM at 700 W: a compute-bound
-    call 10-19% slower after 0.5 s than in its first 40 ms, a memory-bound one unchanged;
+    call 13-19% slower after 0.5 s than in its first 40 ms, a memory-bound one unchanged;
     dev/probes/clocks_under_load.py) and regains them within 10 ms of idle, so a short warm-up
-    would time compute-bound calls at clocks no sustained workload keeps, and unlike memory-bound
-    ones; served batches and prefill run sustained.
+    would time a compute-bound call at clocks no sustained workload keeps, and a memory-bound one
+    as it runs; served batches and prefill run sustained.
   * bytes are counted by the caller, per kernel call, and passed in (`bytes_moved`); GB/s =
     bytes / median. `copy_bandwidth()` measures a large device-to-device copy through the same
     harness (read + write bytes counted) so `pct_of_copy` compares against a ceiling from the same
