@@ -1296,7 +1296,10 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
     plan->tiles = variant;
     plan->kernel = 3;
     plan->natural = natural;
-    plan->ctas = 2 * static_cast<int>(pairs < sms / 2 ? pairs : sms / 2);
+    // as many clusters as fit at once (a GPC of an odd SM count leaves one SM out of the pairs)
+    const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
+    const int64_t clusters = fit > 0 && fit < sms / 2 ? fit : sms / 2;
+    plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
     plan->sk_tiles = plan->sk_blocks = 0;
     plan->scratch_bytes = WsScratch(natural, M, K, 0, v.tokens, v.rows).total();
     return cudaSuccess;

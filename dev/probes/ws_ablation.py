@@ -6,7 +6,8 @@ output is checked here). Each measurement's wall-clock window is printed, so tha
     PYTHONPATH=. python3 dev/probes/ws_ablation.py [--shapes 8192x28672] [--m 1024,4096] [--variants 3,5]
         [--splits 0] [--kernel 3] [--builds base,noscale,...]
 
-Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
+Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>; `shipped` is w4's own
+build, the one the tests ran, with no second compile):
     base       the kernel as shipped
     noscale    no per-weight scale multiply (the natural k order's, which 128-token tiles and more
                take)
@@ -158,7 +159,7 @@ def main() -> int:
     mods = {}
     for name in args.builds.split(","):
         t = time.time()
-        mods[name] = build_tree(name, kernels.KERNEL_DIR, BUILDS[name])
+        mods[name] = kernels.load() if name == "shipped" else build_tree(name, kernels.KERNEL_DIR, BUILDS[name])
         print(f"built {name} in {time.time() - t:.0f}s", flush=True)
     print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     for shape in args.shapes.split(","):
