@@ -22,6 +22,8 @@ build, the one the tests ran, with no second compile):
     noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
                but nothing added or written (the warp-specialised kernel only)
     nostore    no output stores (the warp-specialised kernel without split-K): the epilogue's cost
+    nomc       the pairs (variant 7) without multicast: each block copies its own x atoms whole
+    solo       nomc, and each block's stages released on its own barriers only: the pairs uncoupled
 """
 
 from __future__ import annotations
@@ -98,6 +100,18 @@ NOREDUCE = ""
 STORE = """        store_result_tile<MT, S::kRows, NT, kPasses>("""
 NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRows, NT, kPasses>("""
 
+# the pairs (variant 7): each block copying its whole x atoms itself, no multicast (the stages still
+# released on both blocks' barriers); and that with each block's barriers its own alone (no coupling)
+MC = """tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), &xmap, k0, m0 + rank * (S::kTokens / 2), bar);"""
+NOMC = """(void)rank;
+      tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
+      tensor_copy_2d_g2s(dst + kAtom / 2, &xmap, k0, m0 + S::kTokens / 2, bar, xpolicy);"""
+PAIR_RELEASE = """      mbar_arrive_cluster(bar, 0);
+      mbar_arrive_cluster(bar, 1);"""
+OWN_RELEASE = """      mbar_arrive(bar);"""
+PAIR_COUNT = "kPair ? 2 * kBatchWarps : kBatchThreads"
+OWN_COUNT = "kPair ? kBatchWarps : kBatchThreads"
+
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
     "noscale": [(KERNEL, CONVERT, NOSCALE)],
@@ -109,6 +123,8 @@ BUILDS = {  # name: [(file, old, new)]
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
     "nostore": [(KERNEL, STORE, NOSTORE)],
+    "nomc": [(KERNEL, MC, NOMC)],
+    "solo": [(KERNEL, MC, NOMC), (KERNEL, PAIR_RELEASE, OWN_RELEASE), (KERNEL, PAIR_COUNT, OWN_COUNT)],
 }
 
 
