@@ -115,17 +115,17 @@ struct WgStage : StageLayout<MT, NT, true> {  // (the Loader's swizzled addresse
 };
 
 #if defined(W4_HAS_WGMMA)
-// This thread's release of a stage's part (wgmma_stage's kPairRelease says how a pair releases).
+// This thread's release of a stage's part: an arrival on this block's barrier and, in a pair (kPair:
+// the other block multicasts activations into this block's stages), lane 0's on the other block's
+// once the warp's lanes are past it (kBatchThreads + kBatchWarps arrivals a phase). The other block
+// writes only activations, which only wgmma reads (done at the wgmma wait before the release); the
+// weights, scales and zeros, read by every thread, only this block's producer refills.
 template <bool kPair>
 __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
+  mbar_arrive(bar);
   if constexpr (kPair) {
     __syncwarp();
-    if (lane == 0) {
-      mbar_arrive_cluster(bar, 0);
-      mbar_arrive_cluster(bar, 1);
-    }
-  } else {
-    mbar_arrive(bar);
+    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
   }
 }
 
@@ -142,8 +142,7 @@ __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
 // word's wait): the stage's weights, scales and zeros are in registers or loads issued by then, and
 // its first x atom read, so that part can be refilled half a k-block before the rest.
 // kPairRelease: the stage is shared with the other block of a pair (its activations multicast into
-// both), so each warp's lane 0 arrives, once the warp's lanes are past their reads, on both blocks'
-// barriers (2 x kBatchWarps arrivals a phase) instead of every thread on this block's.
+// both), so the other block's barrier is arrived on too (release_stage).
 template <typename S, int NT, bool kNatural, bool kDrain = true, bool kPairRelease = false, int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
                                             int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0,
@@ -666,7 +665,8 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
 // A persistent launch: the block's segments (WsWork) one after another, the ring running on from
 // one tile to the next. kPair: each block of the pair copies half the tokens of each x atom into
 // both blocks' stage (multicast; each block's full barrier expects the whole atom), and refills a
-// stage only once both blocks have released it (their MMA warps arrive on both blocks' barriers).
+// stage only once both blocks have released it (their MMA warps arrive on both blocks' barriers:
+// release_stage).
 template <typename S, bool kPair = false>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
                                            uint32_t smem0, const WsBarriers& b, int lane) {
@@ -681,13 +681,6 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
     }
   };
-  auto wait_empty = [&](uint32_t bar, uint32_t parity) {
-    if constexpr (kPair) {
-      mbar_wait_cluster(bar, parity);
-    } else {
-      mbar_wait(bar, parity);
-    }
-  };
   WsWork<kPair> work(a, false);
   WsSegment seg;
   bool more = work.next(a, seg);
@@ -700,10 +693,10 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       const int s = i % S::kStages;
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
       const uint32_t st = smem0 + s * S::kStageBytes;
-      if (i >= S::kStages) wait_empty(b.empty_a + 8 * s, parity);
+      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
       if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
-      if (i >= S::kStages) wait_empty(b.empty_b + 8 * s, parity);
+      if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
         copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
@@ -712,8 +705,8 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
   for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j) {
-    wait_empty(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
-    wait_empty(b.empty_b + 8 * (j % S::kStages), (j / S::kStages) & 1);
+    mbar_wait(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (j % S::kStages), (j / S::kStages) & 1);
   }
 }
 
@@ -852,8 +845,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(b.full_a + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
       mbar_init(b.full_b + 8 * s, 1);       // its expect_tx
-      mbar_init(b.empty_a + 8 * s, kPair ? 2 * kBatchWarps : kBatchThreads);  // (release_stage)
-      mbar_init(b.empty_b + 8 * s, kPair ? 2 * kBatchWarps : kBatchThreads);
+      mbar_init(b.empty_a + 8 * s, kBatchThreads + (kPair ? kBatchWarps : 0));  // (release_stage)
+      mbar_init(b.empty_b + 8 * s, kBatchThreads + (kPair ? kBatchWarps : 0));
     }
     fence_mbar_init();
   }

@@ -231,21 +231,11 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   return v;
 }
 
-// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster (this block's too),
-// releasing this thread's earlier accesses at cluster scope; and the wait that acquires them.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_smem_addr(bar, rank))
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster, at the arrive's
+// default CTA-scope release: a cluster-scope one puts a GPU-wide fence (MEMBAR.ALL.GPU) before every
+// arrival, which stalls the warp on all its outstanding memory operations.
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_smem_addr(bar, rank)) : "memory");
 }
 
 // A flag between blocks of one grid: the store releases this thread's earlier writes (made visible

@@ -106,11 +106,10 @@ MC = """tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), &xmap, k0, m
 NOMC = """(void)rank;
       tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
       tensor_copy_2d_g2s(dst + kAtom / 2, &xmap, k0, m0 + S::kTokens / 2, bar, xpolicy);"""
-PAIR_RELEASE = """      mbar_arrive_cluster(bar, 0);
-      mbar_arrive_cluster(bar, 1);"""
-OWN_RELEASE = """      mbar_arrive(bar);"""
-PAIR_COUNT = "kPair ? 2 * kBatchWarps : kBatchThreads"
-OWN_COUNT = "kPair ? kBatchWarps : kBatchThreads"
+PAIR_RELEASE = """    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);"""
+OWN_RELEASE = ""
+PAIR_COUNT = "kBatchThreads + (kPair ? kBatchWarps : 0)"
+OWN_COUNT = "kBatchThreads"
 
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
