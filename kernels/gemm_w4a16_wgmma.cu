@@ -989,8 +989,8 @@ cudaError_t x_tensor_map(const void* x, int64_t M, int64_t cols, int tokens, CUt
   return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x, dims, strides, box, true, map);
 }
 
-// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1); 7 = 5 in pairs
-// of blocks sharing each stage's activations (lab: named only, not in the variant model)
+// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1); 6 = 5 in pairs
+// of blocks sharing each stage's activations (x as it lies, no split-K, no stream-K)
 bool pick_ws_variant(int variant, WsVariant* v) {
   switch (variant) {
     case 1: *v = ws_variant<64, 1>(); return true;
@@ -998,7 +998,7 @@ bool pick_ws_variant(int variant, WsVariant* v) {
     case 3: *v = ws_variant<128, 1>(); return true;
     case 4: *v = ws_variant<128, 2>(); return true;
     case 5: *v = ws_variant<256, 1>(); return true;
-    case 7: *v = ws_variant<256, 1, true>(); return true;
+    case 6: *v = ws_variant<256, 1, true>(); return true;
     default: return false;
   }
 }
@@ -1098,6 +1098,7 @@ struct WsSpread {
 // sweeps of every variant at its automatic split on the seven Llama shapes at M = 64-1024, where
 // this pick is within 3% of the best on 34 of 35 cells (7% off on 28672x8192 at M = 128), and
 // checked on 8192x10240, 4096x28672 and 8192x57344 at M = 64-512 (within 3% on all 12; dev/LOG.md).
+constexpr int64_t kPairsMinFill = 95;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 210, 130, 130, 100, 100};
@@ -1115,6 +1116,17 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     const int64_t waves = splits > 1 ? (blocks * splits + sms - 1) / sms * 1000 : WsSpread(blocks, kblocks, sms).waves;
     const int64_t cost = waves * kTokens[v] * kRows[v] * kCost[v] * per_block;
     if (cost < best_cost) best_cost = cost, best = v;
+  }
+  if (best == 5 && M > 256) {
+    // Variant 5 in pairs (6) from two token tiles on, where whole waves of pairs leave at most 5% of
+    // the clusters idle (no stream-K fills a last wave): the same cycles a k-block at a higher
+    // clock, the activations' L2 traffic halved under the power limit (dev/LOG.md).
+    WsVariant pair;
+    pick_ws_variant(6, &pair);
+    const int fit = max_active_clusters(reinterpret_cast<const void*>(pair.pair), kWsThreads, pair.smem, 2);
+    const int64_t clusters = fit > 0 && fit < sms / 2 ? fit : sms / 2;
+    const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
+    if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters)) return 6;
   }
   return best;
 }
@@ -1263,7 +1275,10 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
-  if (variant == 0) variant = default_ws_variant(M, K, N, sms);
+  if (variant == 0) {
+    variant = default_ws_variant(M, K, N, sms);
+    if (variant == 6 && (splits > 1 || order == 1 || !(G == K || G % 128 == 0))) variant = 5;  // (the pairs' limits)
+  }
   WsVariant v;
   int natural = 0;
   if (!pick_ws_variant(variant, &v) || !pick_k_order(order, K, N, G, v.tokens, kWsSmallLayer, &natural) ||
