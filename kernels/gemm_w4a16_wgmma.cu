@@ -115,6 +115,20 @@ struct WgStage : StageLayout<MT, NT, true> {  // (the Loader's swizzled addresse
 };
 
 #if defined(W4_HAS_WGMMA)
+// This thread's release of a stage's part: an arrival on this block's barrier and, in a pair (kPair:
+// the other block multicasts activations into this block's stages), lane 0's on the other block's
+// once the warp's lanes are past it (kBatchThreads + kBatchWarps arrivals a phase). The other block
+// writes only activations, which only wgmma reads (done at the wgmma wait before the release); the
+// weights, scales and zeros, read by every thread, only this block's producer refills.
+template <bool kPair>
+__device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
+  mbar_arrive(bar);
+  if constexpr (kPair) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
+  }
+}
+
 // One k-block of one warp: its NT 16-row tiles (one per m64 tile of its warpgroup) x MT tokens.
 // S: the stage's layout (WgStage or WsStage: kRows, kTokens, kXOff, kWOff, kSOff, kZOff, w_dst).
 // kNatural: x staged in its own k order (the header's "x as it lies"; one scale and zero a row and
@@ -127,7 +141,9 @@ struct WgStage : StageLayout<MT, NT, true> {  // (the Loader's swizzled addresse
 // `release_a`, when not 0, the one it arrives on once words 0 and 1 are done (after the third
 // word's wait): the stage's weights, scales and zeros are in registers or loads issued by then, and
 // its first x atom read, so that part can be refilled half a k-block before the rest.
-template <typename S, int NT, bool kNatural, bool kDrain = true, int MT = S::kTokens>
+// kPairRelease: the stage is shared with the other block of a pair (its activations multicast into
+// both), so the other block's barrier is arrived on too (release_stage).
+template <typename S, int NT, bool kNatural, bool kDrain = true, bool kPairRelease = false, int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
                                             int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0,
                                             uint32_t release_a = 0) {
@@ -200,8 +216,8 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     }
     wgmma_commit();
     wgmma_wait<1>();  // word c - 1's wgmmas are done: their A fragments' registers are free again
-    if (!kDrain && c == 0 && release != 0) mbar_arrive(release);
-    if (!kDrain && c == 2 && release_a != 0) mbar_arrive(release_a);
+    if (!kDrain && c == 0 && release != 0) release_stage<kPairRelease>(release, lane);
+    if (!kDrain && c == 2 && release_a != 0) release_stage<kPairRelease>(release_a, lane);
   }
   if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
 }
@@ -508,12 +524,22 @@ struct WsSegment {
 // share its weights through L2), then the steps [first + S min(c, Q) / Q, first + S min(c + 1, Q) / Q)
 // of the S = sk_tiles x kblocks steps u x kblocks + kb after them, for the first Q = a.sk_blocks
 // blocks (the others' share is empty). Split-K in clusters: one split's k-blocks of one tile.
+// Pairs (kPair, clusters of (1, 2, 1) along the grid's y): cluster blockIdx.x walks the pairs of
+// tiles q = blockIdx.x, blockIdx.x + gridDim.x, ... of the m_tiles x ceil(row_blocks / 2) pairs,
+// pair q holding row blocks 2 j and 2 j + 1 of one token tile, block blockIdx.y the one of them
+// (with an odd row-block count, the last pair's second tile lies past N: computed on zeros, not
+// stored); no stream-K.
+template <bool kPair = false>
 struct WsWork {
-  int64_t next_tile, dp_end;  // the next whole tile, and the first tile that is not one
+  int64_t next_tile, dp_end;  // the next whole tile (pair), and the first that is not one
   int64_t step, end;          // the stream-K steps left
 
   __device__ __forceinline__ WsWork(const BatchArgs& a, bool split) {
-    if (split) {
+    if (kPair) {
+      next_tile = blockIdx.x;
+      dp_end = (int64_t)a.m_tiles * ((a.row_blocks + 1) / 2);
+      step = end = 0;
+    } else if (split) {
       const int64_t tile = (int64_t)blockIdx.z * a.row_blocks + blockIdx.x;
       const int kb0 = blockIdx.y * a.kb_per_split;
       next_tile = dp_end = 0;
@@ -538,6 +564,13 @@ struct WsWork {
       seg.kb_lo = 0;
       seg.kb_hi = a.kblocks;
       next_tile += gridDim.x;
+      if (kPair) {
+        const int64_t pairs = (a.row_blocks + 1) / 2;
+        seg.mt = seg.tile / pairs;
+        seg.cb = 2 * (int)(seg.tile - seg.mt * pairs) + (int)blockIdx.y;
+        seg.tile = seg.mt * a.row_blocks + seg.cb;
+        return true;
+      }
     } else if (step < end) {
       seg.tile = step / a.kblocks;
       seg.kb_lo = (int)(step - seg.tile * a.kblocks);
@@ -630,14 +663,25 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
   }
 }
 // A persistent launch: the block's segments (WsWork) one after another, the ring running on from
-// one tile to the next.
-template <typename S>
+// one tile to the next. kPair: each block of the pair copies half the tokens of each x atom into
+// both blocks' stage (multicast; each block's full barrier expects the whole atom), and refills a
+// stage only once both blocks have released it (their MMA warps arrive on both blocks' barriers:
+// release_stage).
+template <typename S, bool kPair = false>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
                                            uint32_t smem0, const WsBarriers& b, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
-  WsWork work(a, false);
+  auto copy_x = [&](uint32_t dst, int k0, int m0, uint32_t bar) {
+    if constexpr (kPair) {
+      const uint32_t rank = cluster_rank();  // (read here each time: the producer has 40 registers)
+      tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), &xmap, k0, m0 + rank * (S::kTokens / 2), bar);
+    } else {
+      tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
+    }
+  };
+  WsWork<kPair> work(a, false);
   WsSegment seg;
   bool more = work.next(a, seg);
   if (more) ws_copy_constants<S>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, wpolicy, lane);
@@ -651,11 +695,11 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       const uint32_t st = smem0 + s * S::kStageBytes;
       if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
+      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, kb * 128 + 64, m0, b.full_b + 8 * s, xpolicy);
+        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
       }
     }
   }
@@ -690,8 +734,8 @@ __device__ __forceinline__ void stream_k_store(const float (&acc)[NT][NB][4], co
 // tile_end: the step after the tile's last. Blocks with an empty share store nothing.
 template <int NT, int NB>
 __device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const BatchArgs& a, int64_t tile_end) {
-  for (int block = blockIdx.x + 1; block < a.sk_blocks && WsWork::sk_begin(a, block) < tile_end; ++block) {
-    if (WsWork::sk_begin(a, block + 1) == WsWork::sk_begin(a, block)) continue;
+  for (int block = blockIdx.x + 1; block < a.sk_blocks && WsWork<>::sk_begin(a, block) < tile_end; ++block) {
+    if (WsWork<>::sk_begin(a, block + 1) == WsWork<>::sk_begin(a, block)) continue;
     if (threadIdx.x == 0)
       while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);
     mma_threads_sync();
@@ -715,11 +759,12 @@ __device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const Batc
 // wgmmas are. At a tile's last k-block in the range the stage is kept whole: its memory holds the
 // output tile on its way to y (the other stages fill with the next tile meanwhile), and both parts
 // are released once this thread is done with it. Split-K in a cluster (kSplit) leaves the partial
-// tile in the stages' memory instead, the producer gone.
-template <typename S, int NT, bool kSplit, bool kNatural, int MT = S::kTokens>
+// tile in the stages' memory instead, the producer gone. kPair: a pair's launch (ws_produce), its
+// releases on both blocks' barriers (release_stage).
+template <typename S, int NT, bool kSplit, bool kNatural, bool kPair = false, int MT = S::kTokens>
 __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
                                            int warp, int lane) {
-  WsWork work(a, kSplit);
+  WsWork<kPair> work(a, kSplit);
   constexpr int kPasses = OutTile<MT, S::kRows>::kBytes <= S::kStageBytes ? 1 : 2;
   static_assert(OutTile<MT, S::kRows / kPasses>::kBytes <= S::kStageBytes, "the output tile fits a stage");
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
@@ -743,7 +788,7 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
       mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
       const int off = s * S::kStageBytes;
       // every thread releases the parts it read (an arrive orders only its own thread's reads)
-      wgmma_stage<S, NT, kNatural, false>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
+      wgmma_stage<S, NT, kNatural, false, kPair>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
                                           kb > seg.kb_lo ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u,
                                           kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);
     }
@@ -768,8 +813,8 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
                                                      seg.cb * S::kRows, (int)(seg.mt * MT));
       }
       fence_proxy_async_shared();  // this thread's writes to the stage before the copy engines' next ones
-      mbar_arrive(b.empty_a + 8 * held);
-      mbar_arrive(b.empty_b + 8 * held);
+      release_stage<kPair>(b.empty_a + 8 * held, lane);
+      release_stage<kPair>(b.empty_b + 8 * held, lane);
     }
   }
 }
@@ -778,8 +823,10 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
 // Persistent (!kSplit): grid (P), P <= the tile count and the SM count; split-K in clusters
 // (kSplit): grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1). kWsThreads threads, S::kSmem
 // bytes of dynamic shared memory; wmap, xmap: the tensor maps of the weights and of x
-// (weight_tensor_map, x_tensor_map). kNatural: wgmma_stage's k order.
-template <int MT, int NT, bool kSplit, bool kNatural>
+// (weight_tensor_map, x_tensor_map). kNatural: wgmma_stage's k order. kPair (persistent only): grid
+// (P, 2) in clusters of (1, 2, 1), P <= the pairs of tiles and half the SM count (WsWork), xmap's
+// box half a tile's tokens.
+template <int MT, int NT, bool kSplit, bool kNatural, bool kPair = false>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
                                                                       const __grid_constant__ CUtensorMap wmap,
                                                                       const __grid_constant__ CUtensorMap xmap) {
@@ -798,12 +845,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(b.full_a + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
       mbar_init(b.full_b + 8 * s, 1);       // its expect_tx
-      mbar_init(b.empty_a + 8 * s, kBatchThreads);
-      mbar_init(b.empty_b + 8 * s, kBatchThreads);
+      mbar_init(b.empty_a + 8 * s, kBatchThreads + (kPair ? kBatchWarps : 0));  // (release_stage)
+      mbar_init(b.empty_b + 8 * s, kBatchThreads + (kPair ? kBatchWarps : 0));
     }
     fence_mbar_init();
   }
-  __syncthreads();
+  // a pair's other block copies into this one's stages and arrives on its barriers: both initialised
+  if constexpr (kPair) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
   // Split-K: the cluster's sum (ws_consume left the partial tile), whose barriers every thread of
   // the cluster passes; each role passes them in its own branch, so that no code past the branches
   // is bound to the producer's 40 registers.
@@ -815,21 +867,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
         ws_produce_split<S>(a, wmap, xmap, smem0, b, blockIdx.x, blockIdx.z, kb0,
                             min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);
       } else {
-        ws_produce<S>(a, wmap, xmap, smem0, b, lane);
+        ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane);
       }
     }
     if constexpr (kSplit) {
       cluster_sync();
       cluster_sync();
     }
+    if constexpr (kPair) cluster_sync();  // neither block leaves while the other may still reach into it
   } else {
     setmaxnreg_inc<kWsMmaRegs>();
-    ws_consume<S, NT, kSplit, kNatural>(a, smem, smem0, b, warp, lane);
+    ws_consume<S, NT, kSplit, kNatural, kPair>(a, smem, smem0, b, warp, lane);
     if constexpr (kSplit) {
       cluster_sync();
       reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
       cluster_sync();
     }
+    if constexpr (kPair) cluster_sync();
   }
 #endif
 }
@@ -871,17 +925,21 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 struct WsVariant {
   void (*fn[2][2])(const BatchArgs, const CUtensorMap, const CUtensorMap);  // [natural][split]
   int rows, smem, tokens;
+  void (*pair)(const BatchArgs, const CUtensorMap, const CUtensorMap);  // the pairs' launch (natural order), or null
 };
 
-template <int MT, int NT>
+template <int MT, int NT, bool kPairs = false>
 WsVariant ws_variant() {
   using S = WsStage<MT, NT, true>;
   static_assert(S::kSmem == WsStage<MT, NT, false>::kSmem, "one launch shape for both k orders");
-  return {{{gemm_w4a16_ws_kernel<MT, NT, false, false>, gemm_w4a16_ws_kernel<MT, NT, true, false>},
-           {gemm_w4a16_ws_kernel<MT, NT, false, true>, gemm_w4a16_ws_kernel<MT, NT, true, true>}},
-          S::kRows,
-          S::kSmem,
-          S::kTokens};
+  WsVariant v = {{{gemm_w4a16_ws_kernel<MT, NT, false, false>, gemm_w4a16_ws_kernel<MT, NT, true, false>},
+                  {gemm_w4a16_ws_kernel<MT, NT, false, true>, gemm_w4a16_ws_kernel<MT, NT, true, true>}},
+                 S::kRows,
+                 S::kSmem,
+                 S::kTokens,
+                 nullptr};
+  if constexpr (kPairs) v.pair = gemm_w4a16_ws_kernel<MT, NT, false, true, true>;
+  return v;
 }
 
 // A tensor map, elements outside the tensor read as zeros; `swizzled`: with the 128-byte swizzle (the
@@ -931,7 +989,8 @@ cudaError_t x_tensor_map(const void* x, int64_t M, int64_t cols, int tokens, CUt
   return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x, dims, strides, box, true, map);
 }
 
-// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1)
+// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1); 6 = 5 in pairs
+// of blocks sharing each stage's activations (x as it lies, no split-K, no stream-K)
 bool pick_ws_variant(int variant, WsVariant* v) {
   switch (variant) {
     case 1: *v = ws_variant<64, 1>(); return true;
@@ -939,6 +998,7 @@ bool pick_ws_variant(int variant, WsVariant* v) {
     case 3: *v = ws_variant<128, 1>(); return true;
     case 4: *v = ws_variant<128, 2>(); return true;
     case 5: *v = ws_variant<256, 1>(); return true;
+    case 6: *v = ws_variant<256, 1, true>(); return true;
     default: return false;
   }
 }
@@ -1038,6 +1098,7 @@ struct WsSpread {
 // sweeps of every variant at its automatic split on the seven Llama shapes at M = 64-1024, where
 // this pick is within 3% of the best on 34 of 35 cells (7% off on 28672x8192 at M = 128), and
 // checked on 8192x10240, 4096x28672 and 8192x57344 at M = 64-512 (within 3% on all 12; dev/LOG.md).
+constexpr int64_t kPairsMinFill = 95;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 210, 130, 130, 100, 100};
@@ -1055,6 +1116,17 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     const int64_t waves = splits > 1 ? (blocks * splits + sms - 1) / sms * 1000 : WsSpread(blocks, kblocks, sms).waves;
     const int64_t cost = waves * kTokens[v] * kRows[v] * kCost[v] * per_block;
     if (cost < best_cost) best_cost = cost, best = v;
+  }
+  if (best == 5 && M > 256) {
+    // Variant 5 in pairs (6) from two token tiles on, where whole waves of pairs leave at most 5% of
+    // the clusters idle (no stream-K fills a last wave): the same cycles a k-block at a higher
+    // clock, the activations' L2 traffic halved under the power limit (dev/LOG.md).
+    WsVariant pair;
+    pick_ws_variant(6, &pair);
+    const int fit = max_active_clusters(reinterpret_cast<const void*>(pair.pair), kWsThreads, pair.smem, 2);
+    const int64_t clusters = fit > 0 && fit < sms / 2 ? fit : sms / 2;
+    const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
+    if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters)) return 6;
   }
   return best;
 }
@@ -1203,19 +1275,43 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (!wgmma_shapes_ok(M, kWsMaxM, K, N, G) || splits < 0 || splits > 64) return cudaErrorInvalidValue;
-  if (variant == 0) variant = default_ws_variant(M, K, N, sms);
+  if (variant == 0) {
+    variant = default_ws_variant(M, K, N, sms);
+    if (variant == 6 && (splits > 1 || order == 1 || !(G == K || G % 128 == 0))) variant = 5;  // (the pairs' limits)
+  }
   WsVariant v;
   int natural = 0;
-  if (!pick_ws_variant(variant, &v) || !pick_k_order(order, K, N, G, v.tokens, kWsSmallLayer, &natural))
+  if (!pick_ws_variant(variant, &v) || !pick_k_order(order, K, N, G, v.tokens, kWsSmallLayer, &natural) ||
+      (v.pair != nullptr && (!natural || splits > 1)))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
   for (int split = 0; split < 2 && err == cudaSuccess; ++split)
     err = cudaFuncSetAttribute(v.fn[natural][split], cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+  if (err == cudaSuccess && v.pair != nullptr)
+    err = cudaFuncSetAttribute(v.pair, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
   if (err != cudaSuccess) return err;
   const int kblocks = static_cast<int>((K + 127) / 128);
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
   const int64_t tiles = (int64_t)row_blocks * m_tiles;
+  if (v.pair != nullptr) {  // pairs of tiles, a cluster of two blocks each, no split and no stream-K
+    const int64_t pairs = (int64_t)m_tiles * ((row_blocks + 1) / 2);
+    plan_splits(1, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
+                M < v.tokens ? M : v.tokens, v.rows, SplitSum::kCluster, plan);
+    plan->row_blocks = row_blocks;
+    plan->m_tiles = m_tiles;
+    plan->rows = v.rows;
+    plan->tiles = variant;
+    plan->kernel = 3;
+    plan->natural = natural;
+    // as many clusters as fit at once (a GPC of an odd SM count leaves one SM out of the pairs)
+    const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
+    const int64_t clusters = fit > 0 && fit < sms / 2 ? fit : sms / 2;
+    plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
+    plan->sk_tiles = plan->sk_blocks = 0;
+    plan->scratch_bytes = WsScratch(natural, M, K, 0, v.tokens, v.rows).total();
+    return cudaSuccess;
+  }
   const WsSpread spread(tiles, kblocks, sms);
   if (splits == 0) {
     splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
@@ -1251,7 +1347,8 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
       plan.splits > kMaxClusterSplits || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
       plan.row_blocks != (N + v.rows - 1) / v.rows || (plan.splits > 1) != (plan.ctas == 0) || plan.sk_tiles < 0 ||
       plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > plan.ctas ||
-      plan.sk_tiles > (int64_t)plan.row_blocks * plan.m_tiles)
+      plan.sk_tiles > (int64_t)plan.row_blocks * plan.m_tiles ||
+      (v.pair != nullptr && (!natural || plan.splits != 1 || plan.sk_tiles != 0 || plan.ctas % 2 != 0)))
     return cudaErrorInvalidValue;
   const WsScratch layout(natural, M, K, plan.sk_blocks, v.tokens, v.rows);
   if (plan.scratch_bytes != layout.total() || (layout.total() > 0 && scratch == nullptr) ||
@@ -1279,8 +1376,10 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
   a.sk_blocks = plan.sk_blocks;
   CUtensorMap wmap, xmap;
   err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, natural, &wmap);
-  if (err == cudaSuccess) err = x_tensor_map(staged, M, cols, v.tokens, &xmap);
+  if (err == cudaSuccess) err = x_tensor_map(staged, M, cols, v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);
   if (err != cudaSuccess) return err;
+  if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split, no stream-K)
+    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(kWsThreads), v.smem, stream, pdl, 2, a, wmap, xmap);
   if (plan.sk_tiles > 0) {
     err = launch_kernel(zero_flags_kernel, dim3(static_cast<unsigned>((plan.sk_blocks + 255) / 256)), dim3(256), 0,
                         stream, pdl, 1, flags, plan.sk_blocks);

@@ -177,6 +177,16 @@ __device__ __forceinline__ void tensor_copy_2d_g2s(uint32_t dst, const void* map
       " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
       : "memory");
 }
+// The same box multicast, with L2's default policy: it lands at `dst` in every block of the cluster
+// named in kMask (bit r: rank r), each completing on its own mbarrier at `bar`'s offset.
+template <uint16_t kMask>
+__device__ __forceinline__ void tensor_copy_2d_g2s_multicast(uint32_t dst, const void* map, int c0, int c1,
+                                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar), "n"(kMask)
+      : "memory");
+}
 __device__ __forceinline__ void tensor_copy_4d_g2s(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
                                                    uint32_t bar, uint64_t policy) {
   asm volatile(
@@ -205,6 +215,12 @@ __device__ __forceinline__ uint32_t cluster_smem_addr(uint32_t addr, uint32_t ra
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
   return out;
 }
+// This block's rank in its cluster (volatile: read where used, not kept in a register).
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
 // (No "memory" clobber: the cluster barriers around such reads order them, and the compiler may
 // then schedule them together.)
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
@@ -213,6 +229,13 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(addr));
   return v;
+}
+
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster, at the arrive's
+// default CTA-scope release: a cluster-scope one puts a GPU-wide fence (MEMBAR.ALL.GPU) before every
+// arrival, which stalls the warp on all its outstanding memory operations.
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_smem_addr(bar, rank)) : "memory");
 }
 
 // A flag between blocks of one grid: the store releases this thread's earlier writes (made visible

@@ -158,6 +158,27 @@ def test_stream_k_chain_in_a_graph(hopper):
     assert_pdl_chain_replays(hopper, first, second, 1000, 4096)
 
 
+# Variant 6: variant 5's tiles in pairs of blocks, one cluster of two a pair, each block copying half
+# of every stage's activations into both. An even and an odd row-block count (the last pair's
+# second tile past N, on zeros), a partial tile of tokens, more pairs than clusters at once, K of a
+# partial last k-block; x as it lies only. The reference's bits, and the same bits on every run.
+@pytest.mark.parametrize("k,n,m", [(384, 384, 256), (384, 8 * 128 - 8, 300), (1000, 141 * 128, 600),
+                                   (4160, 2 * 128, 1)])
+def test_pairs_exact(hopper, k, n, m):
+    layer = make_layer(k, n, 128 if k % 128 == 0 else k, seed=k + n + m, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    bias = exact_bias(n, k)
+    out = hopper._batch(x, **layer, bias=bias, splits=1, tiles=6, kernel=3, order=2)
+    assert_exact(out, w4_gemv.gemv_reference(x, **layer, bias=bias))
+    assert torch.equal(bits(hopper._batch(x, **layer, bias=bias, splits=1, tiles=6, kernel=3, order=2)), bits(out))
+
+
+def test_pairs_random_real_shape(hopper):
+    layer = make_layer(8192, 28672, 128, seed=21, exact=False)
+    x = activations(1000, 8192, seed=21, exact=False)
+    assert_close(hopper._batch(x, **layer, splits=1, tiles=6, kernel=3, order=2), x, layer, None)
+
+
 # the cp.async wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond
 @pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 28672)])
 @pytest.mark.parametrize("m,kernel", [(24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (1000, 3)])

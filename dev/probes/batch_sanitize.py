@@ -23,7 +23,7 @@ from w4cli.formats import awq_gemm, w4_gemv
 
 gen = torch.Generator().manual_seed(0)
 wgmma = kernels.has_wgmma()
-only = [int(v) for v in sys.argv[1:] if v.isdigit()]  # kernel-3 variants to run alone
+only = [int(v) for v in sys.argv[1:] if v.isdigit()]  # kernel-3 variants to run alone (6: the pairs)
 narrow = dict(v.split("=") for v in sys.argv[1:] if "=" in v)
 kernel_set = [int(v) for v in narrow.get("kernels", "3" if only else "1,2,3").split(",")]
 split_set = [int(v) for v in narrow.get("splits", "1,3,6").split(",")]
@@ -41,13 +41,15 @@ for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136,
         for kernel in kernel_set:
             if (kernel == 1 and m > 64) or (kernel == 2 and m > 128) or (kernel > 1 and not wgmma):
                 continue
-            for tiles in ((only or range(1, 6)) if kernel == 3 else (1, 2)):
+            for tiles in ((only or range(1, 7)) if kernel == 3 else (1, 2)):
                 if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
                     continue  # no such variant (the planner's tables)
                 for order in order_set if kernel > 1 else (0,):
                     if order == 2 and g != k and g % 128 != 0:
                         continue  # x as it lies takes one scale a row and 128-k block
-                    for splits in split_set:
+                    if tiles == 6 and order != 2:
+                        continue  # the pairs (variant 6): x as it lies, no split
+                    for splits in (split_set if tiles != 6 else (1,)):
                         out = kernels._batch(x, **layer, splits=splits, tiles=tiles, kernel=kernel, order=order)
                         errors = gemv_errors(out.cpu(), x.cpu(), weight)
                         if not errors.passed:

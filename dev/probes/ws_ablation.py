@@ -4,9 +4,10 @@ output is checked here). Each measurement's wall-clock window is printed, so tha
 (nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm -lms 100) can be matched to it.
 
     PYTHONPATH=. python3 dev/probes/ws_ablation.py [--shapes 8192x28672] [--m 1024,4096] [--variants 3,5]
-        [--splits 0] [--kernel 3] [--builds base,noscale,...]
+        [--splits 0] [--kernel 3] [--builds base,noscale,...] [--reps 1]
 
-Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
+Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>; `shipped` is w4's own
+build, the one the tests ran, with no second compile):
     base       the kernel as shipped
     noscale    no per-weight scale multiply (the natural k order's, which 128-token tiles and more
                take)
@@ -21,6 +22,8 @@ Builds (each from a patched copy of kernels/ in /tmp/w4_ablation/<name>):
     noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
                but nothing added or written (the warp-specialised kernel only)
     nostore    no output stores (the warp-specialised kernel without split-K): the epilogue's cost
+    nomc       the pairs (variant 6) without multicast: each block copies its own x atoms whole
+    solo       nomc, and each block's stages released on its own barriers only: the pairs uncoupled
 """
 
 from __future__ import annotations
@@ -97,6 +100,17 @@ NOREDUCE = ""
 STORE = """        store_result_tile<MT, S::kRows, NT, kPasses>("""
 NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRows, NT, kPasses>("""
 
+# the pairs (variant 6): each block copying its whole x atoms itself, no multicast (the stages still
+# released on both blocks' barriers); and that with each block's barriers its own alone (no coupling)
+MC = """tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), &xmap, k0, m0 + rank * (S::kTokens / 2), bar);"""
+NOMC = """(void)rank;
+      tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
+      tensor_copy_2d_g2s(dst + kAtom / 2, &xmap, k0, m0 + S::kTokens / 2, bar, xpolicy);"""
+PAIR_RELEASE = """    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);"""
+OWN_RELEASE = ""
+PAIR_COUNT = "kBatchThreads + (kPair ? kBatchWarps : 0)"
+OWN_COUNT = "kBatchThreads"
+
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
     "noscale": [(KERNEL, CONVERT, NOSCALE)],
@@ -108,6 +122,8 @@ BUILDS = {  # name: [(file, old, new)]
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
     "nostore": [(KERNEL, STORE, NOSTORE)],
+    "nomc": [(KERNEL, MC, NOMC)],
+    "solo": [(KERNEL, MC, NOMC), (KERNEL, PAIR_RELEASE, OWN_RELEASE), (KERNEL, PAIR_COUNT, OWN_COUNT)],
 }
 
 
@@ -153,12 +169,13 @@ def main() -> int:
     ap.add_argument("--variants", default="3,5")
     ap.add_argument("--builds", default=",".join(BUILDS))
     ap.add_argument("--splits", default="0", help="split-K counts to run (0 = the planner's)")
+    ap.add_argument("--reps", type=int, default=1, help="times through the variants, one after another")
     ap.add_argument("--kernel", type=int, default=3, help="3 = warp-specialised (--variants), 2 = cp.async wgmma (--variants = its tiles)")
     args = ap.parse_args()
     mods = {}
     for name in args.builds.split(","):
         t = time.time()
-        mods[name] = build_tree(name, kernels.KERNEL_DIR, BUILDS[name])
+        mods[name] = kernels.load() if name == "shipped" else build_tree(name, kernels.KERNEL_DIR, BUILDS[name])
         print(f"built {name} in {time.time() - t:.0f}s", flush=True)
     print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     for shape in args.shapes.split(","):
@@ -166,7 +183,7 @@ def main() -> int:
         layer = cases.Layer(k, n, 128, seed=1)
         for m in (int(v) for v in args.m.split(",")):
             flops = 2 * m * k * n
-            for variant in (int(v) for v in args.variants.split(",")):
+            for variant in [int(v) for v in args.variants.split(",")] * args.reps:  # (alternating)
                 for splits in (int(v) for v in args.splits.split(",")):
                     row = []
                     for name, mod in mods.items():
