@@ -57,11 +57,11 @@ NOCONVERT = """        for (int j = 0; j < 4; ++j) {
 # the persistent producer's ring step (nodata leaves split launches' own producer as it is)
 LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
+      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, kb * 128 + 64, m0, b.full_b + 8 * s, xpolicy);
+        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 NODATA = """      if (i >= S::kStages) {
         mbar_wait(b.empty_a + 8 * s, parity);
@@ -72,10 +72,10 @@ NODATA = """      if (i >= S::kStages) {
         continue;
       }
       if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, kb * 128, m0, b.full_a + 8 * s, xpolicy);
+      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, kb * 128 + 64, m0, b.full_b + 8 * s, xpolicy);
+        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 
 SZ_LOOP = """    if (slot < a.run_slots) {
@@ -90,6 +90,10 @@ XB = """mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);"""
 NOXB = """mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);"""
 XB2 = """tensor_copy_2d_g2s(st + S::kXOff + kAtom,"""
 NOXB2 = """if (i < S::kStages) tensor_copy_2d_g2s(st + S::kXOff + kAtom,"""
+XP = """if (lane == 0) copy_x(st + S::kXOff,"""  # the persistent producer's
+NOXP = """if (lane == 0 && i < S::kStages) copy_x(st + S::kXOff,"""
+XP2 = """copy_x(st + S::kXOff + kAtom,"""
+NOXP2 = """if (i < S::kStages) copy_x(st + S::kXOff + kAtom,"""
 W = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
     tensor_copy_4d_g2s("""
 NOW = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + (i < S::kStages ? kTiles8 * 512 : 0));
@@ -118,7 +122,8 @@ BUILDS = {  # name: [(file, old, new)]
     "nodata": [(KERNEL, LOOP, NODATA)],
     "mma_only": [(KERNEL, CONVERT, NOCONVERT), (KERNEL, LOOP, NODATA)],
     "nosz": [(KERNEL, SZ_LOOP, NOSZ)],
-    "nox": [(KERNEL, XA, NOXA), (KERNEL, XA3, NOXA3), (KERNEL, XB, NOXB), (KERNEL, XB2, NOXB2)],
+    "nox": [(KERNEL, XA, NOXA), (KERNEL, XA3, NOXA3), (KERNEL, XB, NOXB), (KERNEL, XB2, NOXB2),
+            (KERNEL, XP, NOXP), (KERNEL, XP2, NOXP2)],
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
     "nostore": [(KERNEL, STORE, NOSTORE)],

@@ -99,12 +99,12 @@ PATCHES = [
      "    if (tseg < 4) W4_T(5 + 4 * tseg);\n    wgmma_wait<0>();\n    if (tseg < 4) W4_T(6 + 4 * tseg);\n    const int held"),
     (KERNEL, "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n",
      "      store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,\n                                        lane);\n      if (tseg < 4) W4_T(7 + 4 * tseg);\n"),
-    (KERNEL, "      mbar_arrive(b.empty_b + 8 * held);\n    }\n  }\n}",
-     "      mbar_arrive(b.empty_b + 8 * held);\n      if (tseg < 4) W4_T(7 + 4 * tseg);\n    }\n    ++tseg;\n  }\n"
+    (KERNEL, "      release_stage<kPair>(b.empty_b + 8 * held, lane);\n    }\n  }\n}",
+     "      release_stage<kPair>(b.empty_b + 8 * held, lane);\n      if (tseg < 4) W4_T(7 + 4 * tseg);\n    }\n    ++tseg;\n  }\n"
      "  if (threadIdx.x == 0) {\n    unsigned smid;\n    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
      "    w4_note(28, tseg, smid);\n    w4_note(29, kbs, 0);\n  }\n}"),
-    (KERNEL, "      cluster_sync();\n    }\n  }\n#endif\n}\n\nstruct WgVariant",
-     "      cluster_sync();\n    }\n    W4_T(30);\n  }\n#endif\n}\n\nstruct WgVariant"),
+    (KERNEL, "    if constexpr (kPair) cluster_sync();\n  }\n#endif\n}\n\nstruct WgVariant",
+     "    if constexpr (kPair) cluster_sync();\n    W4_T(30);\n  }\n#endif\n}\n\nstruct WgVariant"),
     (KERNEL, "      cluster_sync();\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
      "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
      "      W4_T(27);\n"),
@@ -114,8 +114,8 @@ PATCHES = [
      "      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);\n    W4_T(24);\n"),
     (KERNEL, "        stream_k_store(acc, a, blockIdx.x);",
      "        W4_T(22);\n        stream_k_store(acc, a, blockIdx.x);\n        W4_T(23);"),
-    (KERNEL, "    fence_mbar_init();\n  }\n  __syncthreads();\n",
-     "    fence_mbar_init();\n  }\n  __syncthreads();\n  W4_T(32);\n"),
+    (KERNEL, "    __syncthreads();\n  }\n  // Split-K: the cluster's sum",
+     "    __syncthreads();\n  }\n  W4_T(32);\n  // Split-K: the cluster's sum"),
     (KERNEL, "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n",
      "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n      if (lane == 0) w4_stamp(33);\n"),
     (KERNEL, "  bool more = work.next(a, seg);\n",
