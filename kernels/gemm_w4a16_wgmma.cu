@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // ---- the warp-specialised kernel: any M, tokens in tiles of MT, a producer warp ----
 //
 // Same numerics and k order as above. An output tile is R = 128 NT rows of N by MT = 64, 128 or 256
-// tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1). Warps 0-7 are two MMA warpgroups
+// tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1; 6 = 5 in pairs). Warps 0-7 are two MMA warpgroups
 // (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
 // fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
 // boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, tokens past M and k
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
 // (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
 // flight across stage boundaries.
-// Two launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
+// Three launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
 //   persistent  at most one block per SM (P blocks), each walking its share of the tiles (WsWork):
 //               whole tiles in grid order, then, where the last wave would leave SMs idle, an equal
 //               share of the last tiles' k-blocks (stream-K; a tile cut between blocks is added in
@@ -461,7 +461,12 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 //   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
 //               the splits of a tile one cluster, added as the cp.async kernel's; unless stream-K
 //               over every SM is modelled cheaper (the clusters that fit at once can leave SMs idle).
-// Launch shape: grid (P) or grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1); 384 threads,
+//   pairs       variant 6, x as it lies: clusters of two blocks on neighbouring row blocks of one
+//               token tile, each tensor-copying half of every x atom's tokens into both (multicast),
+//               persistent over the pairs of tiles (no split-K, no stream-K); a stage is refilled
+//               once both blocks released it (release_stage).
+// Launch shape: grid (P), grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1), or grid (P, 2) in
+// clusters of (1, 2, 1) (pairs, xmap's box half the tile's tokens); 384 threads,
 // dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
 // opt-in at MT = 256), 1 block/SM; preceded (PDL) by permute_x_kernel in the permuted order, and by
 // zero_flags_kernel where the launch has stream-K.
@@ -1098,6 +1103,12 @@ struct WsSpread {
 // sweeps of every variant at its automatic split on the seven Llama shapes at M = 64-1024, where
 // this pick is within 3% of the best on 34 of 35 cells (7% off on 28672x8192 at M = 128), and
 // checked on 8192x10240, 4096x28672 and 8192x57344 at M = 64-512 (within 3% on all 12; dev/LOG.md).
+// The pairs' clusters that run at once (a GPC of an odd SM count leaves one SM out of them).
+int64_t pair_clusters(const WsVariant& v, int sms) {
+  const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
+  return fit > 0 && fit < sms / 2 ? fit : sms / 2;
+}
+
 constexpr int64_t kPairsMinFill = 95;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
@@ -1123,8 +1134,7 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     // clock, the activations' L2 traffic halved under the power limit (dev/LOG.md).
     WsVariant pair;
     pick_ws_variant(6, &pair);
-    const int fit = max_active_clusters(reinterpret_cast<const void*>(pair.pair), kWsThreads, pair.smem, 2);
-    const int64_t clusters = fit > 0 && fit < sms / 2 ? fit : sms / 2;
+    const int64_t clusters = pair_clusters(pair, sms);
     const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
     if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters)) return 6;
   }
@@ -1304,9 +1314,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
     plan->tiles = variant;
     plan->kernel = 3;
     plan->natural = natural;
-    // as many clusters as fit at once (a GPC of an odd SM count leaves one SM out of the pairs)
-    const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
-    const int64_t clusters = fit > 0 && fit < sms / 2 ? fit : sms / 2;
+    const int64_t clusters = pair_clusters(v, sms);
     plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
     plan->sk_tiles = plan->sk_blocks = 0;
     plan->scratch_bytes = WsScratch(natural, M, K, 0, v.tokens, v.rows).total();
