@@ -6,7 +6,9 @@ replayed offline against a sweep of every variant (dev/bench_batch.py --kernels 
 
 Prints, per (shape, M) of the sweep, the measured time of every variant, the model's pick and how far
 it is from the best; with --fit, the cost vectors (v5 fixed at 100) whose picks lose least over the
-sweep (geometric mean). The cluster counts are the H100's (dev/probes/cluster_fit.cu).
+sweep (geometric mean). The cluster counts are the H100's (dev/probes/cluster_fit.cu). Only the
+cost model's pick among variants 1-5 is replayed, not the fill rule after it that turns variant 5
+into its pairs (variant 6).
 """
 
 from __future__ import annotations
