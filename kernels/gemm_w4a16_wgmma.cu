@@ -1304,24 +1304,10 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int row_blocks = static_cast<int>((N + v.rows - 1) / v.rows);
   const int m_tiles = static_cast<int>((M + v.tokens - 1) / v.tokens);
   const int64_t tiles = (int64_t)row_blocks * m_tiles;
-  if (v.pair != nullptr) {  // pairs of tiles, a cluster of two blocks each, no split and no stream-K
-    const int64_t pairs = (int64_t)m_tiles * ((row_blocks + 1) / 2);
-    plan_splits(1, kblocks, row_blocks * m_tiles, sms, 1, (int64_t)v.rows * 64 + (int64_t)v.tokens * 256,
-                M < v.tokens ? M : v.tokens, v.rows, SplitSum::kCluster, plan);
-    plan->row_blocks = row_blocks;
-    plan->m_tiles = m_tiles;
-    plan->rows = v.rows;
-    plan->tiles = variant;
-    plan->kernel = 3;
-    plan->natural = natural;
-    const int64_t clusters = pair_clusters(v, sms);
-    plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
-    plan->sk_tiles = plan->sk_blocks = 0;
-    plan->scratch_bytes = WsScratch(natural, M, K, 0, v.tokens, v.rows).total();
-    return cudaSuccess;
-  }
   const WsSpread spread(tiles, kblocks, sms);
-  if (splits == 0) {
+  if (v.pair != nullptr) {
+    splits = 1;  // (the pairs: no split, no stream-K)
+  } else if (splits == 0) {
     splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
     // split-K against stream-K over every SM, in thousandths of a k-block of one block's time:
@@ -1338,9 +1324,15 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   plan->kernel = 3;
   plan->natural = natural;
   const bool persistent = plan->splits == 1;
-  plan->ctas = persistent ? spread.ctas : 0;
-  plan->sk_tiles = persistent ? spread.sk_tiles : 0;
-  plan->sk_blocks = persistent ? spread.sk_blocks : 0;
+  if (v.pair != nullptr) {  // the pairs of tiles, a cluster of two blocks each, as many as run at once
+    const int64_t pairs = (int64_t)m_tiles * ((row_blocks + 1) / 2), clusters = pair_clusters(v, sms);
+    plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
+    plan->sk_tiles = plan->sk_blocks = 0;
+  } else {
+    plan->ctas = persistent ? spread.ctas : 0;
+    plan->sk_tiles = persistent ? spread.sk_tiles : 0;
+    plan->sk_blocks = persistent ? spread.sk_blocks : 0;
+  }
   plan->scratch_bytes = WsScratch(natural, M, K, plan->sk_blocks, v.tokens, v.rows).total();
   return cudaSuccess;
 }
