@@ -9,9 +9,8 @@ graph per measurement over rotating input sets totalling >= 4x L2 (each set has 
 every call reads HBM), warm-up replays until the clocks settle, then the median of at least
 `replays` timed replays (timing.WARMUP_MS, timing.TIMED_MS). The two methods the tables' ratio
 compares (PAIRED) are timed twice each in a cell, in the order fp16, w4, w4, fp16, and each
-reports the mean of its two medians: a measurement pays for what ran just before it
-(on the H100 at M >= 256, w4 timed right after fp16 cuBLAS read a median 2.3% slower than w4 timed
-after w4; dev/probes/order_effect.py), and so each of the two is timed once after the other.
+reports the mean of its two medians, so that neither is always timed after the other
+(docs/bench.md, "Method": an order effect measured with a short warm-up, none at steady state).
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def measure(model: ModelShapes, batches: list[int], group: int, copy: Any, repla
         return out
 
     # each method twice, in PASS_ORDER, and the mean of the two (as the per-shape runner times fp16
-    # and w4: a measurement pays for what ran just before it)
+    # and w4: no method always timed after another)
     passes: dict[str, list[list[StepResult]]] = {}
     for method in PASS_ORDER:
         passes.setdefault(method, []).append(measure_method(method))
