@@ -163,6 +163,26 @@ def test_token_tiles_give_each_token_the_bits_it_gets_alone(kernels, k, g):
     assert_close(alone, x, layer)
 
 
+@pytest.mark.parametrize("m", [9, 16])
+def test_token_tiles_on_a_layer_of_many_tiles(kernels, m):
+    # 384 tiles of 16 rows: on a 132-SM GPU the 12-warp build of two token tiles gives each tile 4
+    # warps where the 8-warp build gives 2 (launch_gemv_w4a16); either way, exact, and a token's
+    # bits at a given split are the ones it gets alone
+    k, n = 4096, 6144
+    layer = make_layer(k, n, 128, seed=m, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    bias = (torch.randint(-64, 64, (n,), device=DEV) * 2.0**-6).half()
+    ref = w4_gemv.gemv_reference(x, **layer, bias=bias)
+    assert_exact(kernels.gemv(x, **layer, bias=bias), ref)
+    for splits in (0, 1, 3, 4, 8):
+        assert_exact(kernels._gemv_splits(x, **layer, bias=bias, splits=splits), ref)
+    rnd = make_layer(k, n, 128, seed=m + 1, exact=False)
+    xr = activations(m, k, seed=m + 1, exact=False)
+    alone = torch.cat([kernels._gemv_splits(xr[i : i + 8].contiguous(), **rnd, splits=4) for i in range(0, m, 8)])
+    assert torch.equal(bits(kernels._gemv_splits(xr, **rnd, splits=4)), bits(alone[:m]))
+    assert_close(kernels.gemv(xr, **rnd), xr, rnd)
+
+
 # real layer shapes (K x N), group 128
 REAL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 1024), (11008, 4096)]
 

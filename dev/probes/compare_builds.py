@@ -5,6 +5,8 @@ the bench's harness at the same shapes and M, alternating, outputs checked again
     PYTHONPATH=. python3 dev/probes/compare_builds.py DIR [DIR ...] [--shapes 8192x28672] [--m 64,1024] [--kernel 3]
         [--reps 2] [--orders 1,2]
 
+--kernel 0 times the GEMV (M <= 32, its automatic warps per tile) instead of a batch kernel.
+
 --orders times the shipped tree once per k order of the wgmma kernels (1 permuted, 2 as x lies; 0
 the planner's), each as its own column.
 """
@@ -58,6 +60,8 @@ def main() -> int:
         mods[Path(d).name] = (build_tree(Path(d).name, Path(d)), None)
     def call(entry, x, qw, qz, s, b):
         mod, order = entry
+        if args.kernel == 0:
+            return mod.gemv_w4(x, qw, qz, s, b, 0, False)
         if order is None:  # another tree: its own binding, which may not know `order`
             return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel)
         return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel, False, order)
