@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(SmWarps * 32, 1) gemv_w4a16_pipe_kernel(const 
   W4_GEMV_STAMP(2);
   pdl_wait();  // (again, for the warps with fewer than D whole k-blocks; a no-op otherwise)
   if constexpr (SmWarps == 12) {
-    // the lane's pointers rebuilt, not kept live across the loop: at 168 registers ptxas spilled one
+    // the lane's pointers rebuilt, not kept live across the loop (at 168 registers ptxas spilled one)
     finish_warp(a, make_lane<NB>(a, lane, warp), lane, warp, kb, acc0, acc1, partial);
   } else {
     finish_warp(a, l, lane, warp, kb, acc0, acc1, partial);
@@ -567,8 +567,9 @@ KernelFn pick_kernel(bool post, bool g128) {
 // NB = 2's pipelined build of 12 warps an SM (168 registers), where this layer's tiles get more
 // warps each from it than from the 8-warp one (fewer registers a warp, more of them and more bytes
 // in flight: 4096x6144 at M = 16 gets 4 warps a tile instead of 2, 10% faster on the H100; where
-// both give the same warps, the 255-register build is 2-3% faster: dev/LOG.md). Not the splits
-// asked for: at the same warps, both builds give the same bits.
+// both give the same warps, the 255-register build is 2-3% faster: dev/LOG.md). Chosen by the
+// layer alone, not by the splits asked for, so fixed splits run the build the automatic launch
+// does; at the same warps both builds give the same bits.
 KernelFn wider_nb2_kernel(KernelFn narrow, bool g128, int tiles, int kblocks, int smem_per_warp) {
   const KernelFn wide = g128 ? gemv_w4a16_pipe_kernel<2, true, 2, 12> : gemv_w4a16_pipe_kernel<2, false, 2, 12>;
   return auto_warps(wide, tiles, kblocks, smem_per_warp, max_warps(2)) >
