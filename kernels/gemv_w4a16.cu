@@ -564,18 +564,17 @@ KernelFn pick_kernel(bool post, bool g128) {
   return !post ? gemv_w4a16_lean_kernel<NB> : g128 ? gemv_w4a16_pipe_kernel<2, true, NB> : gemv_w4a16_pipe_kernel<2, false, NB>;
 }
 
-// NB = 2's pipelined build of 12 warps an SM (168 registers), where this layer's tiles get more
+// NB = 2's pipelined build of 12 warps an SM (168 registers), taken where this layer's tiles get more
 // warps each from it than from the 8-warp one (fewer registers a warp, more of them and more bytes
 // in flight: 4096x6144 at M = 16 gets 4 warps a tile instead of 2, 10% faster on the H100; where
 // both give the same warps, the 255-register build is 2-3% faster: dev/LOG.md). Chosen by the
 // layer alone, not by the splits asked for, so fixed splits run the build the automatic launch
-// does; at the same warps both builds give the same bits.
-KernelFn wider_nb2_kernel(KernelFn narrow, bool g128, int tiles, int kblocks, int smem_per_warp) {
+// does; at the same warps both builds give the same bits. `fn` and `warps`: the 8-warp build and its
+// automatic warps, replaced by the wider build's where it wins.
+void widen_nb2(bool g128, int tiles, int kblocks, int smem_per_warp, KernelFn* fn, int* warps) {
   const KernelFn wide = g128 ? gemv_w4a16_pipe_kernel<2, true, 2, 12> : gemv_w4a16_pipe_kernel<2, false, 2, 12>;
-  return auto_warps(wide, tiles, kblocks, smem_per_warp, max_warps(2)) >
-                 auto_warps(narrow, tiles, kblocks, smem_per_warp, max_warps(2))
-             ? wide
-             : narrow;
+  const int wide_warps = auto_warps(wide, tiles, kblocks, smem_per_warp, max_warps(2));
+  if (wide_warps > *warps) *fn = wide, *warps = wide_warps;
 }
 
 }  // namespace
@@ -606,9 +605,10 @@ cudaError_t launch_gemv_w4a16(const void* x, const int32_t* qweight, const int32
   const bool g128 = G == 128 && groups > 1;
   const int smem_per_warp = nb * kSmemPerTile;
   KernelFn fn = nb == 1 ? pick_kernel<1>(post, g128) : nb == 2 ? pick_kernel<2>(post, g128) : pick_kernel<4>(post, g128);
-  if (nb == 2 && post) fn = wider_nb2_kernel(fn, g128, tiles, kblocks, smem_per_warp);
   const int most = nb == 1 ? max_warps(1) : nb == 2 ? max_warps(2) : max_warps(4);
-  int warps = splits > 0 ? min(splits, most) : auto_warps(fn, tiles, kblocks, smem_per_warp, most);
+  int wave_warps = auto_warps(fn, tiles, kblocks, smem_per_warp, most);
+  if (nb == 2 && post) widen_nb2(g128, tiles, kblocks, smem_per_warp, &fn, &wave_warps);
+  int warps = splits > 0 ? min(splits, most) : wave_warps;
   warps = warps > kblocks ? kblocks : warps;
   const int kb_per_warp = (kblocks + warps - 1) / warps;
   warps = (kblocks + kb_per_warp - 1) / kb_per_warp;  // no idle warps
