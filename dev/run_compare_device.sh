@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Kernel trees side by side on a Hopper GPU, in one call: every tree built at once (the shipped one,
 # each DIR, and the shipped one with the timeline probe's stamps), `make test-gpu` meanwhile unless
-# TEST_GPU=0, then the timeline probe on TL_CELLS and compare_builds on CMP_SHAPES x CMP_M. Logs go
-# to $OUT.
+# TEST_GPU=0, then the timeline probe on TL_CELLS and compare_builds on CMP_SHAPES x CMP_M (CMP_ARGS:
+# its other flags, e.g. "--kernel 2"). Logs go to $OUT.
 #
 #     OUT=/tmp/cmp CMP_SHAPES=4096x4096 CMP_M=256,512 TL_CELLS=4096x4096:256 bash dev/run_compare_device.sh [DIR ...]
 set -uo pipefail
@@ -40,5 +40,5 @@ if [ -n "${TL_CELLS:-}" ]; then
 fi
 if [ $# -gt 0 ]; then
   timeout "${CMP_TIMEOUT:-240}" python3 dev/probes/compare_builds.py "$@" --shapes "${CMP_SHAPES:-4096x4096}" \
-      --m "${CMP_M:-256}" --reps "${CMP_REPS:-2}" 2>&1 | tee "$OUT/compare.txt" | grep -v '^ '
+      --m "${CMP_M:-256}" --reps "${CMP_REPS:-2}" ${CMP_ARGS:-} 2>&1 | tee "$OUT/compare.txt" | grep -v '^ '
 fi
