@@ -2,8 +2,10 @@
 and another copy (e.g. an older commit's, `git archive <rev> kernels | tar -x -C DIR`), each timed on
 the bench's harness at the same shapes and M, alternating, outputs checked against the reference.
 
-    PYTHONPATH=. python3 dev/probes/compare_builds.py DIR [DIR ...] [--shapes 8192x28672] [--m 64,1024] [--kernel 3]
-        [--reps 2] [--orders 1,2]
+    PYTHONPATH=. python3 dev/probes/compare_builds.py [DIR ...] [--patches NAME,...] [--shapes 8192x28672]
+        [--m 64,1024] [--kernel 3] [--reps 2] [--orders 1,2]
+
+--patches adds the shipped tree rebuilt with one of PATCHES (below) each, as more columns.
 
 --kernel 0 times the GEMV (M <= 32, its automatic warps per tile) instead of a batch kernel.
 
@@ -45,9 +47,23 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
             print(f"{shape} M={m}{label}: " + " | ".join(row), flush=True)
 
 
+# Named variants of the shipped tree: (file, text, replacement) each, every occurrence replaced.
+PATCHES = {
+    # the mma.sync kernel's cp.async ring 8 deep at M <= 16 (184 KB at 256 rows): more bytes in flight
+    # a block, where one block of 8 warps an SM keeps DRAM half busy (14336x4096 at M = 16)
+    "batch_ring8": [("gemm_w4a16_batch.cu", "static constexpr int kStages = 4;",
+                     "static constexpr int kStages = NB <= 2 ? 8 : 4;")],
+    # the cp.async wgmma kernel's ring up to 8 deep where 8 stages fit in 220 KB (M <= 32)
+    "wg_ring8": [("gemm_w4a16_wgmma.cu",
+                  "static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 4 ? 4 : (220 * 1024) / L::kStageBytes;",
+                  "static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 8 ? 8 : (220 * 1024) / L::kStageBytes;")],
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("others", nargs="+")
+    ap.add_argument("others", nargs="*")
+    ap.add_argument("--patches", default="", help=f"names of PATCHES: {', '.join(PATCHES)}")
     ap.add_argument("--shapes", default="8192x28672")
     ap.add_argument("--m", default="64,1024")
     ap.add_argument("--kernel", type=int, default=3)
@@ -58,6 +74,8 @@ def main() -> int:
     mods = {f"o{o}" if args.orders != "0" else "shipped": (shipped, int(o)) for o in args.orders.split(",")}
     for d in args.others:
         mods[Path(d).name] = (build_tree(Path(d).name, Path(d)), None)
+    for name in (v for v in args.patches.split(",") if v):
+        mods[name] = (build_tree(name, kernels.KERNEL_DIR, PATCHES[name]), None)
     def call(entry, x, qw, qz, s, b):
         mod, order = entry
         if args.kernel == 0:
