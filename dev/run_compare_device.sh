@@ -38,7 +38,7 @@ wait
 if [ -n "${TL_CELLS:-}" ]; then
   timeout 120 python3 dev/probes/ws_timeline.py --cells "$TL_CELLS" --launches 8 2>&1 | tee "$OUT/timeline.txt" | grep -v '^ '
 fi
-if [ $# -gt 0 ]; then
+if [ $# -gt 0 ] || [[ "${CMP_ARGS:-}" == *--patches* ]]; then
   timeout "${CMP_TIMEOUT:-240}" python3 dev/probes/compare_builds.py "$@" --shapes "${CMP_SHAPES:-4096x4096}" \
       --m "${CMP_M:-256}" --reps "${CMP_REPS:-2}" ${CMP_ARGS:-} 2>&1 | tee "$OUT/compare.txt" | grep -v '^ '
 fi
