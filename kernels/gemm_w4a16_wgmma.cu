@@ -1212,12 +1212,12 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   // Two m64 tiles a warpgroup (256 rows a block) halve the activation reads a weight byte. They win
   // where four splits of the layer's 256-row blocks fill at least 15/16 of the SMs (N >= 8192 on
-  // 132), and lose where fewer row blocks need eight splits of a few k-blocks each or leave SMs
-  // idle (H100 at M = 17-32, dev/LOG.md: 17-19% faster on 28672x8192 and 8192x10240, 2-9% on
-  // 8192x8192; 30-40% slower on 14336x4096 and 4096x4096, 4-12% on 4096x6144). Past 24 tokens on
-  // more than 64 k-blocks they are erratic (28672x8192 at M = 32: 70-89 us from run to run against
-  // one tile's 75-78, H100 and H200, not explained): one tile there, unless the row blocks alone
-  // fill the SMs. At M > 64 only one fits in registers.
+  // 132 SMs), and lose where fewer row blocks need eight splits of a few k-blocks each or leave
+  // SMs idle (H100 at M = 17-32, dev/LOG.md: 17-19% faster on 28672x8192 at M <= 24 and on
+  // 8192x10240, 2-9% on 8192x8192; 30-40% slower on 14336x4096 and 4096x4096, 4-12% on 4096x6144).
+  // Past 24 tokens on more than 64 k-blocks they are erratic (28672x8192 at M = 32: 70-89 us from
+  // run to run against one tile's 74-78, H100 and H200, not explained): one tile there, unless the
+  // row blocks alone fill the SMs. At M > 64 only one fits in registers.
   const bool fill_alone = N * 5 >= (int64_t)sms * 256 * 4;
   const bool fill_split = (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15;
   if (tiles == 0) tiles = M <= 64 && (fill_alone || (fill_split && (M <= 24 || K <= 64 * 128))) ? 2 : 1;
