@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Kernel trees side by side on a Hopper GPU, in one call: every tree built at once (the shipped one,
-# each DIR, and the shipped one with the timeline probe's stamps), `make test-gpu` meanwhile unless
+# each DIR, the shipped one with each of CMP_ARGS' --patches, and the shipped one with the timeline
+# probe's stamps), `make test-gpu` meanwhile unless
 # TEST_GPU=0, then the timeline probe on TL_CELLS and compare_builds on CMP_SHAPES x CMP_M (CMP_ARGS:
-# its other flags, e.g. "--kernel 2"). Logs go to $OUT.
+# its other flags, e.g. "--kernel 2"). CMP_PREBUILD names more patches to build meanwhile, for a
+# later run of this script in the same call (TEST_GPU=0; a tree built before is not rebuilt). Logs
+# go to $OUT.
 #
 #     OUT=/tmp/cmp CMP_SHAPES=4096x4096 CMP_M=256,512 TL_CELLS=4096x4096:256 bash dev/run_compare_device.sh [DIR ...]
 set -uo pipefail
@@ -11,7 +14,7 @@ OUT="${OUT:-$PWD/compare_out}"
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/dev/probes HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
-build() {  # name, tree, patches ("" or "timeline")
+build() {  # name, tree, patches ("", "timeline" or a name of compare_builds.PATCHES)
   python3 - "$@" <<'EOF' > "$OUT/build_$1.txt" 2>&1
 import sys, time
 from pathlib import Path
@@ -19,6 +22,9 @@ from ws_ablation import build_tree
 name, tree, patches = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 if patches == "timeline":
     from ws_timeline import PATCHES as p
+elif patches:
+    from compare_builds import PATCHES
+    p = PATCHES[patches]
 else:
     p = []
 t = time.time()
@@ -30,6 +36,8 @@ EOF
 build shipped kernels "" &
 for d in "$@"; do build "$(basename "$d")" "$d" "" & done
 [ -n "${TL_CELLS:-}" ] && build timeline_kernels kernels timeline &
+patches="$(sed -n 's/.*--patches[ =]\([^ ]*\).*/\1/p' <<<"${CMP_ARGS:-}"),${CMP_PREBUILD:-}"
+for p in ${patches//,/ }; do build "$p" kernels "$p" & done
 if [ "${TEST_GPU:-1}" = 1 ]; then
   timeout 330 make test-gpu > "$OUT/test_gpu.txt" 2>&1
   echo "test-gpu rc=$? $(tail -1 "$OUT/test_gpu.txt")"

@@ -57,7 +57,16 @@ PATCHES = {
     "wg_ring8": [("gemm_w4a16_wgmma.cu",
                   "static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 4 ? 4 : (220 * 1024) / L::kStageBytes;",
                   "static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 8 ? 8 : (220 * 1024) / L::kStageBytes;")],
+    # the pairs also where one wave of them fills at least 70% of the clusters (4096x6144 at M = 512:
+    # 48 pairs on 66 clusters), where the last-wave stream-K's fix-up on 32 k-blocks is a large share
+    "pairs_wave": [("gemm_w4a16_wgmma.cu",
+                    "if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters)) return 6;",
+                    "if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||\n"
+                    "        (pairs <= clusters && pairs * 100 >= 70 * clusters)) return 6;")],
 }
+# the same from one token tile (M = 256) on
+PATCHES["pairs_wave256"] = PATCHES["pairs_wave"] + [("gemm_w4a16_wgmma.cu", "if (best == 5 && M > 256) {",
+                                                     "if (best == 5 && M >= 256) {")]
 
 
 def main() -> int:
