@@ -3,7 +3,7 @@ and another copy (e.g. an older commit's, `git archive <rev> kernels | tar -x -C
 the bench's harness at the same shapes and M, alternating, outputs checked against the reference.
 
     PYTHONPATH=. python3 dev/probes/compare_builds.py [DIR ...] [--patches NAME,...] [--shapes 8192x28672]
-        [--m 64,1024] [--kernel 3] [--reps 2] [--orders 1,2]
+        [--m 64,1024] [--kernel 3] [--tiles T] [--splits S] [--reps 2] [--orders 1,2]
 
 --patches adds the shipped tree rebuilt with one of PATCHES (below) each, as more columns.
 
@@ -64,6 +64,17 @@ PATCHES = {
                     "if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||\n"
                     "        (pairs <= clusters && pairs * 100 >= 70 * clusters)) return 6;")],
 }
+# the cp.async wgmma kernel's launches of no more blocks than SMs with shared memory for one block an
+# SM: where two fit, clusters may be placed two blocks an SM while other SMs idle (28672x8192 at
+# M = 32, two tiles: 4 splits 98-102 us, 6 splits 69-73, run to run 70-89)
+PATCHES["wg_one_an_sm"] = [("gemm_w4a16_wgmma.cu", """  return launch_kernel(v.fn[natural][plan.splits > 1], dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), v.smem,
+                       stream, pdl, plan.splits, a);""", """  int sms = 132, device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int smem = (int64_t)plan.row_blocks * plan.splits <= sms && v.smem < 116 * 1024 ? 116 * 1024 : v.smem;
+  if (smem != v.smem) cudaFuncSetAttribute(v.fn[natural][plan.splits > 1], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  return launch_kernel(v.fn[natural][plan.splits > 1], dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), smem,
+                       stream, pdl, plan.splits, a);""")]
 # the same from one token tile (M = 256) on
 PATCHES["pairs_wave256"] = PATCHES["pairs_wave"] + [("gemm_w4a16_wgmma.cu", "if (best == 5 && M > 256) {",
                                                      "if (best == 5 && M >= 256) {")]
@@ -78,6 +89,8 @@ def main() -> int:
     ap.add_argument("--kernel", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--orders", default="0")
+    ap.add_argument("--tiles", type=int, default=0, help="the batch kernels' tiling (0: the planner's)")
+    ap.add_argument("--splits", type=int, default=0, help="their split-K count (0: the planner's)")
     args = ap.parse_args()
     shipped = build_tree("shipped", kernels.KERNEL_DIR)
     mods = {f"o{o}" if args.orders != "0" else "shipped": (shipped, int(o)) for o in args.orders.split(",")}
@@ -90,8 +103,8 @@ def main() -> int:
         if args.kernel == 0:
             return mod.gemv_w4(x, qw, qz, s, b, 0, False)
         if order is None:  # another tree: its own binding, which may not know `order`
-            return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel)
-        return mod.gemm_w4_batch(x, qw, qz, s, b, 0, 0, args.kernel, False, order)
+            return mod.gemm_w4_batch(x, qw, qz, s, b, args.splits, args.tiles, args.kernel)
+        return mod.gemm_w4_batch(x, qw, qz, s, b, args.splits, args.tiles, args.kernel, False, order)
     time_alternately(mods, args.shapes, args.m, call, label=f" kernel {args.kernel}", reps=args.reps)
     return 0
 
