@@ -1109,7 +1109,7 @@ int64_t pair_clusters(const WsVariant& v, int sms) {
   return fit > 0 && fit < sms / 2 ? fit : sms / 2;
 }
 
-constexpr int64_t kPairsMinFill = 95;  // percent
+constexpr int64_t kPairsMinFill = 95, kPairsOneWaveFill = 70;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
   static constexpr int64_t kCost[6] = {0, 210, 130, 130, 100, 100};
@@ -1131,12 +1131,18 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   if (best == 5 && M > 256) {
     // Variant 5 in pairs (6) from two token tiles on, where whole waves of pairs leave at most 5% of
     // the clusters idle (no stream-K fills a last wave): the same cycles a k-block at a higher
-    // clock, the activations' L2 traffic halved under the power limit (dev/LOG.md).
+    // clock, the activations' L2 traffic halved under the power limit (dev/LOG.md). Also where
+    // the pairs are one wave filling at least kPairsOneWaveFill of the clusters: there variant 5's
+    // stream-K cuts every tile, and its fix-up, a 128 KB partial stored and read at the end of
+    // the ranges, costs more than the idle clusters (H100: 4096x6144 at M = 512, 48 pairs on 66
+    // clusters, 4% faster; 48 pairs on N = 4096 at M = 640 within 1%).
     WsVariant pair;
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);
     const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
-    if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters)) return 6;
+    if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
+        (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))
+      return 6;
   }
   return best;
 }
