@@ -1222,8 +1222,8 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // SMs idle (H100 at M = 17-32, dev/LOG.md: 17-19% faster on 28672x8192 at M <= 24 and on
   // 8192x10240, 2-9% on 8192x8192; 30-40% slower on 14336x4096 and 4096x4096, 4-12% on 4096x6144).
   // On 28672x8192 they run in one of two modes from one measurement to the next, whatever the build
-  // (61 or 73 us at M = 17, under one tile's 75; 70 or 84-89 at M = 32, against one tile's 74-78;
-  // H100 and H200, not explained): so past 24 tokens on more than 64 k-blocks one tile, unless the
+  // (H100: 61 or 73 us at M = 17, under one tile's 75; H100 and H200: 70 or 84-89 at M = 32, against
+  // one tile's 74-78; not explained): so past 24 tokens on more than 64 k-blocks one tile, unless the
   // row blocks alone fill the SMs. At M > 64 only one fits in registers.
   const bool fill_alone = N * 5 >= (int64_t)sms * 256 * 4;
   const bool fill_split = (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15;
