@@ -2,11 +2,12 @@
 call (the activation permute and the GEMM) alone:
 
     ncu --metrics gpu__time_duration.sum python3 dev/probes/batch_once.py [--shape 8192x28672] [--kernels 1,2,3]
-        [--tiles T] [--splits S] [M ...]
+        [--tiles T] [--splits S] [--order O] [M ...]
 
 Kernel 0 is the GEMV (M <= 32), 1 the mma.sync batch kernel (M <= 64), 2 the cp.async wgmma kernel
 (M <= 128), 3 the warp-specialised one (any M); each runs where it exists, with its automatic plan
-unless --tiles / --splits fix the batch kernels' (as `kernels._batch` takes them; 0 = automatic).
+unless --tiles / --splits / --order fix the batch kernels' (as `kernels._batch` takes them; 0 =
+automatic; --order 1 stages x permuted, 2 as it lies).
 """
 
 import argparse
@@ -21,6 +22,7 @@ ap.add_argument("--shape", default="8192x28672")
 ap.add_argument("--kernels", default="1,2,3")
 ap.add_argument("--tiles", type=int, default=0)
 ap.add_argument("--splits", type=int, default=0)
+ap.add_argument("--order", type=int, default=0)
 ap.add_argument("m", nargs="*", type=int, default=[16, 64, 128])
 args = ap.parse_args()
 k, n = (int(v) for v in args.shape.split("x"))
@@ -34,5 +36,6 @@ for m in args.m:
         if kernel == 0:
             kernels._gemv_splits(x, qweight=qw, qzeros=qz, scales=s, splits=0)
         else:
-            kernels._batch(x, qweight=qw, qzeros=qz, scales=s, kernel=kernel, tiles=args.tiles, splits=args.splits)
+            kernels._batch(x, qweight=qw, qzeros=qz, scales=s, kernel=kernel, tiles=args.tiles, splits=args.splits,
+                           order=args.order if kernel > 1 else 0)
 torch.cuda.synchronize()
