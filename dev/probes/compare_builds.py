@@ -48,7 +48,8 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
 
 
 # Named variants of the shipped tree: (file, text, replacement) each, every occurrence replaced.
-# What each measured is in dev/LOG.md (all three lost, or failed, on the H100, 2026-11-27).
+# What each measured is in dev/LOG.md: none won (batch_ring8, wg_ring8, wg_one_an_sm on the H100,
+# tmap_prefetch, wg_queue3, late_b_wait on the H200, 2026-11-27).
 PATCHES = {
     # the mma.sync kernel's cp.async ring 8 deep at M <= 16 (184 KB at 256 rows): more bytes in flight
     # a block, where one block of 8 warps an SM keeps DRAM half busy (14336x4096 at M = 16)
@@ -82,6 +83,35 @@ PATCHES["tmap_prefetch"] = [("gemm_w4a16_wgmma.cu", """  const WsBarriers b(smem
     asm volatile("prefetch.tensormap [%0];" ::"l"(&xmap) : "memory");
   }
   pdl_launch_dependents();  // a kernel launched after this one with PDL waits (pdl_wait) before its reads""")]
+
+# three words' wgmmas in flight a warpgroup instead of two (wait for all but two groups): the
+# releases move one word later (the previous stage's part B once this stage's word 1 is issued, part
+# A once word 3 is), so that at 64-token tiles, where a group is 64-128 tensor cycles, the wgmmas'
+# latency is covered (the ninth session tried it at 256 tokens only)
+PATCHES["wg_queue3"] = [("gemm_w4a16_wgmma.cu", """    wgmma_wait<1>();  // word c - 1's wgmmas are done: their A fragments' registers are free again
+    if (!kDrain && c == 0 && release != 0) release_stage<kPairRelease>(release, lane);
+    if (!kDrain && c == 2 && release_a != 0) release_stage<kPairRelease>(release_a, lane);""",
+                         """    wgmma_wait<2>();  // word c - 2's wgmmas are done
+    if (!kDrain && c == 1 && release != 0) release_stage<kPairRelease>(release, lane);
+    if (!kDrain && c == 3 && release_a != 0) release_stage<kPairRelease>(release_a, lane);""")]
+
+# the warp-specialised kernel's wait for a stage's second x atom moved from the k-block's start to
+# word 2, which is the first to read it: one mbarrier round trip fewer on each k-block's way to its
+# first wgmma (64- and 128-token k-blocks are 0.76-1.5 us; try_wait's branch held 8% of the MMA warps'
+# samples at 4096x14336, M = 64)
+PATCHES["late_b_wait"] = [
+    ("gemm_w4a16_wgmma.cu", """                                            uint32_t release_a = 0) {""",
+     """                                            uint32_t release_a = 0, uint32_t wait_b = 0, uint32_t parity_b = 0) {"""),
+    ("gemm_w4a16_wgmma.cu", """    if (kNatural && c < 3) load_chunks(c + 1);
+    wgmma_fence();""", """    if (kNatural && c < 3) load_chunks(c + 1);
+    if (c == 2 && wait_b != 0) mbar_wait(wait_b, parity_b);
+    wgmma_fence();"""),
+    ("gemm_w4a16_wgmma.cu", """      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
+""", ""),
+    ("gemm_w4a16_wgmma.cu", """kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);""",
+     """kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u, b.full_b + 8 * s,
+                                          (i / S::kStages) & 1);"""),
+]
 
 
 def main() -> int:

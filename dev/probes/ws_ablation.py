@@ -24,6 +24,10 @@ build, the one the tests ran, with no second compile):
     nostore    no output stores (the warp-specialised kernel without split-K): the epilogue's cost
     nomc       the pairs (variant 6) without multicast: each block copies its own x atoms whole
     solo       nomc, and each block's stages released on its own barriers only: the pairs uncoupled
+    v2words    the natural k order converting as the permuted one does (each lane its own 16-byte
+               chunk of a row once a stage, whole words: 1 shift, 4 lop3, 2 sub, 2 fma, 4 mul), x as
+               it lies: the instruction stream a repacked layout in the mma fragments' order would
+               give that order (the words are the version 1 layout's, so the results are wrong)
 """
 
 from __future__ import annotations
@@ -115,6 +119,13 @@ OWN_RELEASE = ""
 PAIR_COUNT = "kBatchThreads + (kPair ? kBatchWarps : 0)"
 OWN_COUNT = "kBatchThreads"
 
+V2_LOAD = "  load_chunks(kNatural ? 0 : lane & 3);"
+V2_LOAD_NEW = "  load_chunks(lane & 3);"
+V2_CONVERT = "      if constexpr (kNatural) {"
+V2_CONVERT_NEW = "      if constexpr (false) {"
+V2_NEXT = "    if (kNatural && c < 3) load_chunks(c + 1);"
+V2_NEXT_NEW = ""
+
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
     "noscale": [(KERNEL, CONVERT, NOSCALE)],
@@ -128,6 +139,7 @@ BUILDS = {  # name: [(file, old, new)]
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
     "nostore": [(KERNEL, STORE, NOSTORE)],
     "nomc": [(KERNEL, MC, NOMC)],
+    "v2words": [(KERNEL, V2_LOAD, V2_LOAD_NEW), (KERNEL, V2_CONVERT, V2_CONVERT_NEW), (KERNEL, V2_NEXT, V2_NEXT_NEW)],
     "solo": [(KERNEL, MC, NOMC), (KERNEL, PAIR_RELEASE, OWN_RELEASE), (KERNEL, PAIR_COUNT, OWN_COUNT)],
 }
 

@@ -1,0 +1,183 @@
+// wgmma_rate.cu: how fast the tensor cores run the warp-specialised kernel's wgmma, A from registers,
+// with nothing else in the loop (lab only). At 64- and 128-token tiles the kernel's k-blocks reach
+// 40-65% of the tensor rate, and with its conversion and its copies taken out still only about half
+// (dev/LOG.md, fifteenth session, steps 3-5); this asks whether the instruction itself is the
+// limit at small N: per m64nNk16 with A in registers, the A fragment (2 KB a warpgroup) crosses
+// from the register file whatever N is, while the work grows with N.
+//
+// One block an SM, WGS warpgroups, each looping `iters` groups of PER_GROUP wgmma.m64nNk16 (one
+// accumulator, B one zeroed 64-k atom in shared memory with the 128-byte swizzle, as the kernel's x
+// tile): fence, issue, commit, wait until one group is in flight, as wgmma_stage does. kFresh: the
+// A registers are rewritten before each group (two sets in turn, as the conversion's fresh
+// fragments), else they stay. kConvert 1: the A fragments converted before each group as the natural
+// k order's word does it (two 16-byte chunk loads from shared memory, then per pair a shift, lop3,
+// sub and mul: 4 pairs a wgmma), so the conversion's instruction stream is there and nothing else;
+// 2: as the permuted order does it (a word a row, 1 shift, 4 lop3, 2 sub, 2 fma and 4 mul a word,
+// one 16-byte load a row every four words), the stream a layout in the fragments' order would have. Per configuration: the median block's cycles per wgmma, against
+// N / 2 cycles at 2048 multiply-adds a cycle an SM (the H100's dense fp16 rate at its 1.83 GHz
+// boost), and that as a percentage.
+//
+//     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/wgmma_rate.cu -o build/wgmma_rate
+//     build/wgmma_rate
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "int4_convert.cuh"  // kernels/, through -I kernels
+#include "probe.cuh"
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int WGS, int N, int PER_GROUP, bool kFresh, int kConvert = 0>
+__global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned long long* cycles, float* sink) {
+#if defined(W4_HAS_WGMMA)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint4* b = reinterpret_cast<uint4*>(smem_raw + (base - raw));
+  for (int i = threadIdx.x; i < N * 128 / 16 + 64; i += blockDim.x) b[i] = make_uint4(0, 0, 0, 0);  // + chunks
+  w4::fence_proxy_async_shared();
+  __syncthreads();
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
+  uint32_t a[2][4];
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[s][i] = 0x3C003C00u ^ (threadIdx.x + 7 * i + s);  // fp16 near 1.0
+  uint4 words[2] = {};
+  const w4::ZeroF16x8 zero = w4::row_zero(threadIdx.x & 15);
+  const unsigned long long t0 = clock64();
+  for (int it = 0; it < iters; it += 4) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int s = g & 1;
+      if (kFresh) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[s][i] ^= (uint32_t)(it & 0x00FF00FF);  // (the set used two groups ago)
+      }
+      if constexpr (kConvert == 2) {
+        const int lane = threadIdx.x & 31;
+        if (g == 0) {  // a row's 16 bytes cover four words (here, four groups)
+          const uint8_t* chunks = smem_raw + (base - raw) + N * 128 + 16 * ((lane + it) & 31);
+          words[0] = *reinterpret_cast<const uint4*>(chunks);
+          words[1] = *reinterpret_cast<const uint4*>(chunks + 512);
+        }
+        uint32_t af[PER_GROUP * 4];
+#pragma unroll
+        for (int h = 0; h < PER_GROUP / 2; ++h) {
+          const uint4 lo = words[0], hi = words[1];
+          const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
+          uint32_t dl[4], dh[4];
+          w4::u4x8_minus_zero_f16x8(wl[(g + h) & 3], zero, dl);
+          w4::u4x8_minus_zero_f16x8(wh[(g + h) & 3], zero, dh);
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            af[8 * h + 2 * p] = w4::mul_f16x2(dl[p], a[0][p]);
+            af[8 * h + 2 * p + 1] = w4::mul_f16x2(dh[p], a[1][p]);
+          }
+        }
+        w4::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < PER_GROUP; ++j)
+          w4::wgmma_m64k16_rs<N>(acc, af[4 * j], af[4 * j + 1], af[4 * j + 2], af[4 * j + 3],
+                                 w4::smem_desc_sw128(base + (j & 3) * 32));
+      } else if constexpr (kConvert == 1) {
+        const int lane = threadIdx.x & 31;
+        const uint8_t* chunks = smem_raw + (base - raw) + N * 128 + 16 * ((lane + it + g) & 31);
+        uint32_t af[PER_GROUP * 4];
+#pragma unroll
+        for (int h = 0; h < PER_GROUP / 2; ++h) {
+          const uint4 lo = *reinterpret_cast<const uint4*>(chunks + 512 * h);
+          const uint4 hi = *reinterpret_cast<const uint4*>(chunks + 512 * h + 256);
+          const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            af[8 * h + 2 * j] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wl[j], 4 * (lane & 3), 0x64086408u), a[0][j]);
+            af[8 * h + 2 * j + 1] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wh[j], 4 * (lane & 3), 0x64086408u), a[1][j]);
+          }
+        }
+        w4::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < PER_GROUP; ++j)
+          w4::wgmma_m64k16_rs<N>(acc, af[4 * j], af[4 * j + 1], af[4 * j + 2], af[4 * j + 3],
+                                 w4::smem_desc_sw128(base + (j & 3) * 32));
+      } else {
+        w4::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < PER_GROUP; ++j)
+          w4::wgmma_m64k16_rs<N>(acc, a[s][0], a[s][1], a[s][2], a[s][3], w4::smem_desc_sw128(base + (j & 3) * 32));
+      }
+      w4::wgmma_commit();
+      w4::wgmma_wait<1>();
+    }
+  }
+  w4::wgmma_wait<0>();
+  const unsigned long long t1 = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sum += acc[i];
+  if (sum == 12345.f) sink[threadIdx.x] = sum;  // keeps the accumulators live
+#endif
+}
+
+template <int WGS, int N, int PER_GROUP, bool kFresh, int kConvert = 0>
+void run(int sms, unsigned long long* cycles, float* sink) {
+  const int iters = 4096, smem = N * 128 + 1024 + 1024;
+  auto fn = rate_kernel<WGS, N, PER_GROUP, kFresh, kConvert>;
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  for (int rep = 0; rep < 2; ++rep) fn<<<sms, WGS * 128, smem>>>(iters, cycles, sink);  // (the first warms up)
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> c(sms);
+  CK(cudaMemcpy(c.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  std::sort(c.begin(), c.end());
+  const double per = (double)c[sms / 2] / ((double)WGS * iters * PER_GROUP), ideal = N / 2.0;
+  printf("warpgroups %d  m64n%-3dk16  %d a group  A %-9s  %7.1f cycles a wgmma (ideal %5.1f)  %5.1f%% of the tensor rate\n",
+         WGS, N, PER_GROUP, kConvert == 2 ? "by words" : kConvert ? "converted" : kFresh ? "rewritten" : "kept", per, ideal, 100.0 * ideal / per);
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("%s, %d SMs, one block an SM\n", prop.name, sms);
+  unsigned long long* cycles;
+  float* sink;
+  CK(cudaMalloc(&cycles, sms * sizeof(unsigned long long)));
+  CK(cudaMalloc(&sink, 1024 * sizeof(float)));
+  run<1, 64, 2, false>(sms, cycles, sink);
+  run<2, 64, 2, false>(sms, cycles, sink);
+  run<2, 64, 2, true>(sms, cycles, sink);
+  run<2, 64, 4, true>(sms, cycles, sink);
+  run<3, 64, 2, true>(sms, cycles, sink);
+  run<1, 128, 2, false>(sms, cycles, sink);
+  run<2, 128, 2, false>(sms, cycles, sink);
+  run<2, 128, 2, true>(sms, cycles, sink);
+  run<2, 128, 4, true>(sms, cycles, sink);
+  run<3, 128, 2, true>(sms, cycles, sink);
+  run<1, 256, 2, false>(sms, cycles, sink);
+  run<2, 256, 2, false>(sms, cycles, sink);
+  run<2, 256, 2, true>(sms, cycles, sink);
+  run<2, 64, 2, false, 1>(sms, cycles, sink);
+  run<2, 64, 4, false, 1>(sms, cycles, sink);
+  run<3, 64, 2, false, 1>(sms, cycles, sink);
+  run<2, 128, 2, false, 1>(sms, cycles, sink);
+  run<2, 128, 4, false, 1>(sms, cycles, sink);
+  run<2, 256, 2, false, 1>(sms, cycles, sink);
+  run<2, 64, 2, false, 2>(sms, cycles, sink);
+  run<2, 64, 4, false, 2>(sms, cycles, sink);
+  run<3, 64, 2, false, 2>(sms, cycles, sink);
+  run<2, 128, 2, false, 2>(sms, cycles, sink);
+  run<2, 128, 4, false, 2>(sms, cycles, sink);
+  run<2, 256, 2, false, 2>(sms, cycles, sink);
+  return 0;
+}
