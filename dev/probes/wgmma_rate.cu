@@ -13,7 +13,11 @@
 // k order's word does it (two 16-byte chunk loads from shared memory, then per pair a shift, lop3,
 // sub and mul: 4 pairs a wgmma), so the conversion's instruction stream is there and nothing else;
 // 2: as the permuted order does it (a word a row, 1 shift, 4 lop3, 2 sub, 2 fma and 4 mul a word,
-// one 16-byte load a row every four words), the stream a layout in the fragments' order would have. Per configuration: the median block's cycles per wgmma, against
+// one 16-byte load a row every four words), the stream a layout in the fragments' order would have.
+// kStage: every four groups (a k-block's four words) also what wgmma_stage does once a stage: wait on
+// the stage's two full barriers (completed before the loop, so the wait is its instructions alone),
+// load each tile's scales and zero from shared memory and arrive on the two empty barriers, the
+// scales and zeros then used by the conversion. Per configuration: the median block's cycles per wgmma, against
 // N / 2 cycles at 2048 multiply-adds a cycle an SM (the H100's dense fp16 rate at its 1.83 GHz
 // boost), and that as a percentage.
 //
@@ -33,16 +37,29 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <int WGS, int N, int PER_GROUP, bool kFresh, int kConvert = 0>
+template <int WGS, int N, int PER_GROUP, bool kFresh, int kConvert = 0, bool kStage = false>
 __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned long long* cycles, float* sink) {
 #if defined(W4_HAS_WGMMA)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
   uint4* b = reinterpret_cast<uint4*>(smem_raw + (base - raw));
-  for (int i = threadIdx.x; i < N * 128 / 16 + 64; i += blockDim.x) b[i] = make_uint4(0, 0, 0, 0);  // + chunks
+  for (int i = threadIdx.x; i < N * 128 / 16 + 192; i += blockDim.x) b[i] = make_uint4(0, 0, 0, 0);  // + chunks, scales
+  __shared__ __align__(8) uint64_t bars[4];  // full_a, full_b, empty_a, empty_b
+  const uint32_t full_a = smem_addr(&bars[0]), full_b = full_a + 8, empty_a = full_a + 16, empty_b = full_a + 24;
+  if (threadIdx.x == 0) {
+    w4::mbar_init(full_a, 1);
+    w4::mbar_init(full_b, 1);
+    w4::mbar_init(empty_a, 0xFFFFF);  // (never completes here)
+    w4::mbar_init(empty_b, 0xFFFFF);
+    w4::fence_mbar_init();
+    w4::mbar_arrive(full_a);  // phase 0 complete: waiting on it returns at once
+    w4::mbar_arrive(full_b);
+  }
   w4::fence_proxy_async_shared();
   __syncthreads();
+  const uint8_t* stage_sz = smem_raw + (base - raw) + N * 128 + 1024;  // scales and zeros, 8 stages of 128 B
+  uint32_t slo[2] = {0x3C003C00u, 0x3C003C00u}, shi[2] = {0x3C003C00u, 0x3C003C00u};
   float acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
@@ -52,7 +69,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned 
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[s][i] = 0x3C003C00u ^ (threadIdx.x + 7 * i + s);  // fp16 near 1.0
   uint4 words[2] = {};
-  const w4::ZeroF16x8 zero = w4::row_zero(threadIdx.x & 15);
+  w4::ZeroF16x8 zero = w4::row_zero(threadIdx.x & 15);
   const unsigned long long t0 = clock64();
   for (int it = 0; it < iters; it += 4) {
 #pragma unroll
@@ -61,6 +78,22 @@ __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned 
       if (kFresh) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[s][i] ^= (uint32_t)(it & 0x00FF00FF);  // (the set used two groups ago)
+      }
+      if constexpr (kStage) {
+        if (g == 0) {  // a stage's start, as ws_consume and wgmma_stage
+          w4::mbar_wait(full_a, 0);
+          w4::mbar_wait(full_b, 0);
+          const int lane = threadIdx.x & 31, row = lane >> 2;
+          const uint8_t* sz = stage_sz + 128 * ((it >> 2) & 7);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const unsigned short* ss = reinterpret_cast<const unsigned short*>(sz + 32 * t);
+            slo[t] = ss[row] * 0x10001u;
+            shi[t] = ss[row + 8] * 0x10001u;
+          }
+          const uint32_t zw = *reinterpret_cast<const uint32_t*>(sz + 64);
+          zero = w4::row_zero((zw >> (4 * ((row >> 1) + 4 * (row & 1)))) & 0xF);
+        }
       }
       if constexpr (kConvert == 2) {
         const int lane = threadIdx.x & 31;
@@ -79,8 +112,8 @@ __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned 
           w4::u4x8_minus_zero_f16x8(wh[(g + h) & 3], zero, dh);
 #pragma unroll
           for (int p = 0; p < 4; ++p) {
-            af[8 * h + 2 * p] = w4::mul_f16x2(dl[p], a[0][p]);
-            af[8 * h + 2 * p + 1] = w4::mul_f16x2(dh[p], a[1][p]);
+            af[8 * h + 2 * p] = w4::mul_f16x2(dl[p], kStage ? slo[h] : a[0][p]);
+            af[8 * h + 2 * p + 1] = w4::mul_f16x2(dh[p], kStage ? shi[h] : a[1][p]);
           }
         }
         w4::wgmma_fence();
@@ -99,8 +132,10 @@ __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned 
           const uint32_t wl[4] = {lo.x, lo.y, lo.z, lo.w}, wh[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            af[8 * h + 2 * j] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wl[j], 4 * (lane & 3), 0x64086408u), a[0][j]);
-            af[8 * h + 2 * j + 1] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wh[j], 4 * (lane & 3), 0x64086408u), a[1][j]);
+            af[8 * h + 2 * j] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wl[j], 4 * (lane & 3), zero.biased[0]),
+                                              kStage ? slo[h] : a[0][j]);
+            af[8 * h + 2 * j + 1] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wh[j], 4 * (lane & 3), zero.biased[0]),
+                                                  kStage ? shi[h] : a[1][j]);
           }
         }
         w4::wgmma_fence();
@@ -116,6 +151,8 @@ __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned 
       }
       w4::wgmma_commit();
       w4::wgmma_wait<1>();
+      if (kStage && g == 0) w4::mbar_arrive(empty_b);  // (the previous stage's second part)
+      if (kStage && g == 2) w4::mbar_arrive(empty_a);
     }
   }
   w4::wgmma_wait<0>();
@@ -128,10 +165,10 @@ __global__ void __launch_bounds__(WGS * 128, 1) rate_kernel(int iters, unsigned 
 #endif
 }
 
-template <int WGS, int N, int PER_GROUP, bool kFresh, int kConvert = 0>
+template <int WGS, int N, int PER_GROUP, bool kFresh, int kConvert = 0, bool kStage = false>
 void run(int sms, unsigned long long* cycles, float* sink) {
-  const int iters = 4096, smem = N * 128 + 1024 + 1024;
-  auto fn = rate_kernel<WGS, N, PER_GROUP, kFresh, kConvert>;
+  const int iters = 4096, smem = N * 128 + 1024 + 3072;
+  auto fn = rate_kernel<WGS, N, PER_GROUP, kFresh, kConvert, kStage>;
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   for (int rep = 0; rep < 2; ++rep) fn<<<sms, WGS * 128, smem>>>(iters, cycles, sink);  // (the first warms up)
   CK(cudaGetLastError());
@@ -140,8 +177,9 @@ void run(int sms, unsigned long long* cycles, float* sink) {
   CK(cudaMemcpy(c.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   std::sort(c.begin(), c.end());
   const double per = (double)c[sms / 2] / ((double)WGS * iters * PER_GROUP), ideal = N / 2.0;
-  printf("warpgroups %d  m64n%-3dk16  %d a group  A %-9s  %7.1f cycles a wgmma (ideal %5.1f)  %5.1f%% of the tensor rate\n",
-         WGS, N, PER_GROUP, kConvert == 2 ? "by words" : kConvert ? "converted" : kFresh ? "rewritten" : "kept", per, ideal, 100.0 * ideal / per);
+  printf("warpgroups %d  m64n%-3dk16  %d a group  A %-9s%s  %7.1f cycles a wgmma (ideal %5.1f)  %5.1f%% of the tensor rate\n",
+         WGS, N, PER_GROUP, kConvert == 2 ? "by words" : kConvert ? "converted" : kFresh ? "rewritten" : "kept",
+         kStage ? " + stage" : "        ", per, ideal, 100.0 * ideal / per);
 }
 
 int main() {
@@ -179,5 +217,13 @@ int main() {
   run<2, 128, 2, false, 2>(sms, cycles, sink);
   run<2, 128, 4, false, 2>(sms, cycles, sink);
   run<2, 256, 2, false, 2>(sms, cycles, sink);
+  run<2, 64, 2, false, 1, true>(sms, cycles, sink);
+  run<2, 64, 4, false, 1, true>(sms, cycles, sink);
+  run<2, 128, 2, false, 1, true>(sms, cycles, sink);
+  run<2, 128, 4, false, 1, true>(sms, cycles, sink);
+  run<2, 64, 2, false, 2, true>(sms, cycles, sink);
+  run<2, 64, 4, false, 2, true>(sms, cycles, sink);
+  run<2, 128, 2, false, 2, true>(sms, cycles, sink);
+  run<2, 128, 4, false, 2, true>(sms, cycles, sink);
   return 0;
 }

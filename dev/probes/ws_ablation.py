@@ -15,6 +15,7 @@ build, the one the tests ran, with no second compile):
                are
     nodata     the persistent launch's producer copies only the first stages, then completes each
                stage's barriers with no bytes (the MMA warps never wait for data)
+    nodata_split  the same for split-K launches' producer
     mma_only   noconvert and nodata together: the wgmma stream and its barriers alone
     nosz       no scale and zero copies (cp.async) after the first stages
     nox        no activation copies after the first stages
@@ -82,6 +83,21 @@ NODATA = """      if (i >= S::kStages) {
         copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 
+SPLIT_LOOP = """    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);"""
+NODATA_SPLIT = """    if (i >= S::kStages) {
+      mbar_wait(b.empty_a + 8 * s, parity);
+      if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
+      mbar_arrive(b.full_a + 8 * s);  // (the 32 lanes' cp.async arrivals, now plain ones)
+      mbar_wait(b.empty_b + 8 * s, parity);
+      if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
+      continue;
+    }
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""
+
 SZ_LOOP = """    if (slot < a.run_slots) {
       const int n0 = cb * S::kRows + 8 * c;"""
 NOSZ = """    if (slot < a.run_slots && i < S::kStages) {
@@ -131,6 +147,7 @@ BUILDS = {  # name: [(file, old, new)]
     "noscale": [(KERNEL, CONVERT, NOSCALE)],
     "noconvert": [(KERNEL, CONVERT, NOCONVERT)],
     "nodata": [(KERNEL, LOOP, NODATA)],
+    "nodata_split": [(KERNEL, SPLIT_LOOP, NODATA_SPLIT)],
     "mma_only": [(KERNEL, CONVERT, NOCONVERT), (KERNEL, LOOP, NODATA)],
     "nosz": [(KERNEL, SZ_LOOP, NOSZ)],
     "nox": [(KERNEL, XA, NOXA), (KERNEL, XA3, NOXA3), (KERNEL, XB, NOXB), (KERNEL, XB2, NOXB2),
