@@ -1,25 +1,24 @@
 // wgmma_rate.cu: how fast the tensor cores run the warp-specialised kernel's wgmma, A from registers,
-// with nothing else in the loop (lab only). At 64- and 128-token tiles the kernel's k-blocks reach
-// 40-65% of the tensor rate, and with its conversion and its copies taken out still only about half
-// (dev/LOG.md, fifteenth session, steps 3-5); this asks whether the instruction itself is the
-// limit at small N: per m64nNk16 with A in registers, the A fragment (2 KB a warpgroup) crosses
-// from the register file whatever N is, while the work grows with N.
+// with nothing else in the loop, then with the kernel's per-group and per-stage work added piece by
+// piece (lab only). At 64- and 128-token tiles the kernel's k-blocks reach 40-65% of the tensor rate
+// (dev/LOG.md, fifteenth session); this names which piece of the loop holds them there.
 //
 // One block an SM, WGS warpgroups, each looping `iters` groups of PER_GROUP wgmma.m64nNk16 (one
 // accumulator, B one zeroed 64-k atom in shared memory with the 128-byte swizzle, as the kernel's x
-// tile): fence, issue, commit, wait until one group is in flight, as wgmma_stage does. kFresh: the
-// A registers are rewritten before each group (two sets in turn, as the conversion's fresh
-// fragments), else they stay. kConvert 1: the A fragments converted before each group as the natural
-// k order's word does it (two 16-byte chunk loads from shared memory, then per pair a shift, lop3,
-// sub and mul: 4 pairs a wgmma), so the conversion's instruction stream is there and nothing else;
-// 2: as the permuted order does it (a word a row, 1 shift, 4 lop3, 2 sub, 2 fma and 4 mul a word,
-// one 16-byte load a row every four words), the stream a layout in the fragments' order would have.
-// kStage: every four groups (a k-block's four words) also what wgmma_stage does once a stage: wait on
-// the stage's two full barriers (completed before the loop, so the wait is its instructions alone),
-// load each tile's scales and zero from shared memory and arrive on the two empty barriers, the
-// scales and zeros then used by the conversion. Per configuration: the median block's cycles per wgmma, against
-// N / 2 cycles at 2048 multiply-adds a cycle an SM (the H100's dense fp16 rate at its 1.83 GHz
-// boost), and that as a percentage.
+// tile): fence, issue, commit, wait until one group is in flight, as wgmma_stage does.
+//   kFresh      the A registers rewritten before each group (two sets in turn), else kept
+//   kConvert 1  A converted before each group as the natural k order's word does it (two 16-byte
+//               chunk loads from shared memory, then per pair a shift, lop3, sub and mul: 4 pairs a
+//               wgmma)
+//   kConvert 2  as the permuted order does it (a word a row: 1 shift, 4 lop3, 2 sub, 2 fma, 4 mul;
+//               one 16-byte load a row every four words), the stream a layout in the mma fragments'
+//               order would give the natural order
+//   kStage      every four groups (a k-block's four words) what wgmma_stage does once a stage too:
+//               wait on the stage's two full barriers (completed before the loop, so the wait is its
+//               instructions alone), load each tile's scales and zero from shared memory, arrive on
+//               the two empty barriers; the conversion then uses those scales and zeros
+// Per configuration: the median block's cycles per wgmma against N / 2 cycles (2048 multiply-adds a
+// cycle an SM, the H100's dense fp16 rate at its 1.83 GHz boost), and that as a percentage.
 //
 //     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/wgmma_rate.cu -o build/wgmma_rate
 //     build/wgmma_rate
