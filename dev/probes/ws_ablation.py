@@ -29,6 +29,7 @@ build, the one the tests ran, with no second compile):
                chunk of a row once a stage, whole words: 1 shift, 4 lop3, 2 sub, 2 fma, 4 mul), x as
                it lies: the instruction stream a repacked layout in the mma fragments' order would
                give that order (the words are the version 1 layout's, so the results are wrong)
+    v2words_nodata  v2words with no data after the first stages, persistent and split launches alike
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ BUILDS = {  # name: [(file, old, new)]
     "nostore": [(KERNEL, STORE, NOSTORE)],
     "nomc": [(KERNEL, MC, NOMC)],
     "v2words": [(KERNEL, V2_LOAD, V2_LOAD_NEW), (KERNEL, V2_CONVERT, V2_CONVERT_NEW), (KERNEL, V2_NEXT, V2_NEXT_NEW)],
+    "v2words_nodata": [(KERNEL, V2_LOAD, V2_LOAD_NEW), (KERNEL, V2_CONVERT, V2_CONVERT_NEW), (KERNEL, V2_NEXT, V2_NEXT_NEW),
+                       (KERNEL, LOOP, NODATA), (KERNEL, SPLIT_LOOP, NODATA_SPLIT)],
     "solo": [(KERNEL, MC, NOMC), (KERNEL, PAIR_RELEASE, OWN_RELEASE), (KERNEL, PAIR_COUNT, OWN_COUNT)],
 }
 
