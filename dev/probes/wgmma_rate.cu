@@ -20,6 +20,15 @@
 // Per configuration: the median block's cycles per wgmma against N / 2 cycles (2048 multiply-adds a
 // cycle an SM, the H100's dense fp16 rate at its 1.83 GHz boost), and that as a percentage.
 //
+// ring_kernel then feeds the same loop as the kernel is fed: two MMA warpgroups of NT m64 tiles
+// each (the kernel's variants 2 and 3; 128 tokens on two tiles would need the kernel's setmaxnreg
+// split, which this probe does not have) and a producer warp filling a ring of stages (two 64-k x
+// atoms of N tokens, 128 NT rows' weights, their scales and zeros) by bulk copies from global
+// memory on full / empty mbarriers; the MMA warps read each stage's weights (at the 128-byte
+// swizzle's addresses) and scales, their wgmmas read its x, and they release it as ws_consume does.
+// The source is `src_bytes` of global memory walked stage by stage: 8 MB stay in L2, 512 MB come
+// from DRAM.
+//
 //     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/wgmma_rate.cu -o build/wgmma_rate
 //     build/wgmma_rate
 #include <cuda_runtime.h>
@@ -176,9 +185,155 @@ void run(int sms, unsigned long long* cycles, float* sink) {
   CK(cudaMemcpy(c.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   std::sort(c.begin(), c.end());
   const double per = (double)c[sms / 2] / ((double)WGS * iters * PER_GROUP), ideal = N / 2.0;
-  printf("warpgroups %d  m64n%-3dk16  %d a group  A %-9s%s  %7.1f cycles a wgmma (ideal %5.1f)  %5.1f%% of the tensor rate\n",
+  printf("warpgroups %d  m64n%-3dk16  %d a group  A %-9s%s  %7.1f cycles a wgmma (ideal %5.1f)  "
+         "%5.1f%% of the tensor rate\n",
          WGS, N, PER_GROUP, kConvert == 2 ? "by words" : kConvert ? "converted" : kFresh ? "rewritten" : "kept",
          kStage ? " + stage" : "        ", per, ideal, 100.0 * ideal / per);
+}
+
+template <int N, int NT, int kConvert, int kStages>
+__global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, const uint8_t* src, size_t src_stages,
+                                                              unsigned long long* cycles, float* sink) {
+#if defined(W4_HAS_WGMMA)
+  constexpr uint32_t kX = 2 * N * 128, kW = NT * 8192, kStage = kX + kW + 1024;  // x atoms, weights, scales
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  const uint8_t* sm = smem_raw + (base - raw);
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full, then empty
+  const uint32_t full = smem_addr(&bars[0]), empty = full + 8 * kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      w4::mbar_init(full + 8 * s, 1);
+      w4::mbar_init(empty + 8 * s, 256);
+    }
+    w4::fence_mbar_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= 256) {  // the producer warp's lane 0
+    if (threadIdx.x == 256) {
+      for (int kb = 0; kb < kblocks; ++kb) {
+        const int s = kb % kStages;
+        if (kb >= kStages) w4::mbar_wait(empty + 8 * s, ((kb / kStages) + 1) & 1);
+        w4::mbar_arrive_expect_tx(full + 8 * s, kStage);
+        const uint8_t* from = src + ((size_t)blockIdx.x * kblocks + kb) % src_stages * kStage;
+        for (uint32_t o = 0; o < kStage; o += 16384)
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                  base + s * kStage + o),
+              "l"(from + o), "r"(kStage - o < 16384 ? kStage - o : 16384u), "r"(full + 8 * s)
+              : "memory");
+      }
+      // no copy outlives its issuer: leave once the last stages have landed
+      for (int kb = kblocks > kStages ? kblocks - kStages : 0; kb < kblocks; ++kb)
+        w4::mbar_wait(full + 8 * (kb % kStages), (kb / kStages) & 1);
+    }
+    return;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2, wi = warp & 3, row = lane >> 2;
+  float acc[NT][N / 2];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc[t][i] = 0.f;
+  // chunk c of rows row and row + 8 of tile t within a stage's weights, as the kernel's swizzled load
+  auto chunk_at = [&](int t, int h, int c) {
+    const uint32_t o = 1024u * ((wg * NT + t) * 4 + wi) + 64u * row + 512u * h;
+    return kX + ((o ^ (((o >> 7) & 7) << 4)) ^ (16u * c));
+  };
+  const unsigned long long t0 = clock64();
+  for (int kb = 0; kb < kblocks; ++kb) {
+    const int s = kb % kStages;
+    w4::mbar_wait(full + 8 * s, (kb / kStages) & 1);
+    const uint8_t* st = sm + s * kStage;
+    uint32_t slo[NT], shi[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + kX + kW + 64 * (wg * NT + t));
+      slo[t] = ss[row] * 0x10001u;
+      shi[t] = ss[row + 8] * 0x10001u;
+    }
+    const uint32_t zw = *reinterpret_cast<const uint32_t*>(st + kX + kW + 512);
+    const w4::ZeroF16x8 zero = w4::row_zero((zw >> (4 * ((row >> 1) + 4 * (row & 1)))) & 0xF);
+    uint4 lo[NT], hi[NT];
+    if (kConvert == 2) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        lo[t] = *reinterpret_cast<const uint4*>(st + chunk_at(t, 0, lane & 3));
+        hi[t] = *reinterpret_cast<const uint4*>(st + chunk_at(t, 1, lane & 3));
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint32_t af[NT][8];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (kConvert == 1) {
+          lo[t] = *reinterpret_cast<const uint4*>(st + chunk_at(t, 0, g));
+          hi[t] = *reinterpret_cast<const uint4*>(st + chunk_at(t, 1, g));
+        }
+        const uint32_t wl[4] = {lo[t].x, lo[t].y, lo[t].z, lo[t].w}, wh[4] = {hi[t].x, hi[t].y, hi[t].z, hi[t].w};
+        if (kConvert == 1) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            af[t][2 * j] = w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wl[j], 4 * (lane & 3), zero.biased[0]), slo[t]);
+            af[t][2 * j + 1] =
+                w4::mul_f16x2(w4::u4_pair_minus_zero_f16x2(wh[j], 4 * (lane & 3), zero.biased[0]), shi[t]);
+          }
+        } else {
+          uint32_t dl[4], dh[4];
+          w4::u4x8_minus_zero_f16x8(wl[g], zero, dl);
+          w4::u4x8_minus_zero_f16x8(wh[g], zero, dh);
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            af[t][2 * p] = w4::mul_f16x2(dl[p], slo[t]);
+            af[t][2 * p + 1] = w4::mul_f16x2(dh[p], shi[t]);
+          }
+        }
+      }
+      w4::wgmma_fence();
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          w4::wgmma_m64k16_rs<N>(acc[t], af[t][4 * h], af[t][4 * h + 1], af[t][4 * h + 2], af[t][4 * h + 3],
+                                 w4::smem_desc_sw128(base + s * kStage + (g >> 1) * (N * 128) +
+                                                     (2 * (g & 1) + h) * 32));
+      w4::wgmma_commit();
+      w4::wgmma_wait<1>();
+      if (g == 0 && kb > 0) w4::mbar_arrive(empty + 8 * ((kb - 1) % kStages));  // its last wgmmas are done
+    }
+  }
+  w4::wgmma_wait<0>();
+  const unsigned long long t1 = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+  float sum = 0.f;
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) sum += acc[t][i];
+  if (sum == 12345.f) sink[threadIdx.x] = sum;
+#endif
+}
+
+template <int N, int NT, int kConvert>
+void run_ring(int sms, unsigned long long* cycles, float* sink, const uint8_t* src, size_t src_bytes) {
+  constexpr int kStageBytes = 2 * N * 128 + NT * 8192 + 1024;
+  constexpr int kStages = (220 * 1024) / kStageBytes > 6 ? 6 : (220 * 1024) / kStageBytes;
+  const int kblocks = 512, smem = kStages * kStageBytes + 1024;
+  auto fn = ring_kernel<N, NT, kConvert, kStages>;
+  CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  for (int rep = 0; rep < 2; ++rep)  // (the first warms up)
+    fn<<<sms, 2 * 128 + 32, smem>>>(kblocks, src, src_bytes / kStageBytes, cycles, sink);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> c(sms);
+  CK(cudaMemcpy(c.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  std::sort(c.begin(), c.end());
+  const double per = (double)c[sms / 2] / ((double)kblocks * 2 * NT * 8), ideal = N / 2.0;
+  printf("ring of %d stages  m64n%-3dk16  %d tile(s) a warpgroup  A %-9s  source %4zu MB  %7.1f cycles a wgmma "
+         "(ideal %5.1f)  %5.1f%% of the tensor rate\n",
+         kStages, N, NT, kConvert == 2 ? "by words" : "converted", src_bytes >> 20, per, ideal, 100.0 * ideal / per);
 }
 
 int main() {
@@ -224,5 +379,15 @@ int main() {
   run<2, 64, 4, false, 2, true>(sms, cycles, sink);
   run<2, 128, 2, false, 2, true>(sms, cycles, sink);
   run<2, 128, 4, false, 2, true>(sms, cycles, sink);
+  uint8_t* src;
+  const size_t big = size_t{512} << 20, small = size_t{8} << 20;
+  CK(cudaMalloc(&src, big));
+  CK(cudaMemset(src, 0, big));
+  for (size_t bytes : {small, big}) {
+    run_ring<64, 2, 1>(sms, cycles, sink, src, bytes);
+    run_ring<64, 2, 2>(sms, cycles, sink, src, bytes);
+    run_ring<128, 1, 1>(sms, cycles, sink, src, bytes);
+    run_ring<128, 1, 2>(sms, cycles, sink, src, bytes);
+  }
   return 0;
 }
