@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import textwrap
 import time
 from pathlib import Path
 
@@ -69,15 +70,21 @@ LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
         copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
-NODATA = """      if (i >= S::kStages) {
-        mbar_wait(b.empty_a + 8 * s, parity);
-        if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
-        mbar_arrive(b.full_a + 8 * s);  // (the 32 lanes' cp.async arrivals, now plain ones)
-        mbar_wait(b.empty_b + 8 * s, parity);
-        if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
-        continue;
-      }
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+# a stage past the first ring completed with no bytes (the producer's arrivals alone), at the
+# indentation of the loop it replaces: the persistent producer's or the split one's
+def no_bytes(indent: int) -> str:
+    return textwrap.indent("""if (i >= S::kStages) {
+  mbar_wait(b.empty_a + 8 * s, parity);
+  if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
+  mbar_arrive(b.full_a + 8 * s);  // (the 32 lanes' cp.async arrivals, now plain ones)
+  mbar_wait(b.empty_b + 8 * s, parity);
+  if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
+  continue;
+}
+""", " " * indent)
+
+
+NODATA = no_bytes(6) + """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
       if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
@@ -88,15 +95,7 @@ SPLIT_LOOP = """    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
     if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);"""
-NODATA_SPLIT = """    if (i >= S::kStages) {
-      mbar_wait(b.empty_a + 8 * s, parity);
-      if (lane == 0) mbar_arrive_expect_tx(b.full_a + 8 * s, 0);
-      mbar_arrive(b.full_a + 8 * s);  // (the 32 lanes' cp.async arrivals, now plain ones)
-      mbar_wait(b.empty_b + 8 * s, parity);
-      if (lane == 0) mbar_arrive_expect_tx(b.full_b + 8 * s, 0);
-      continue;
-    }
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+NODATA_SPLIT = no_bytes(4) + """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""
 
 SZ_LOOP = """    if (slot < a.run_slots) {
