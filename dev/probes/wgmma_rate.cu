@@ -27,7 +27,16 @@
 // memory on full / empty mbarriers; the MMA warps read each stage's weights (at the 128-byte
 // swizzle's addresses) and scales, their wgmmas read its x, and they release it as ws_consume does.
 // The source is `src_bytes` of global memory walked stage by stage: 8 MB stay in L2, 512 MB come
-// from DRAM.
+// from DRAM. kFeed separates what the ring costs:
+//   0  the stage's bytes, and the MMA warps wait for them to land (as the kernel)
+//   1  no bytes: the producer completes each stage's full barrier with its arrival alone (the
+//      handshake, no copy)
+//   2  the bytes land as in 0, at the MMA warps' pace (a stage is refilled once released and its
+//      last copy landed, on a barrier of the producer's own), but the MMA warps do not wait for
+//      them: the copies' traffic through L2 and shared memory without their latency
+//   3  no bytes, and the MMA warps do not wait on the full barriers either (they still release
+//      each stage): the producer's hand-offs without anyone waiting for them
+//   4  no producer at all: the MMA warps alone, releasing each stage on barriers nobody waits on
 //
 //     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/wgmma_rate.cu -o build/wgmma_rate
 //     build/wgmma_rate
@@ -191,7 +200,7 @@ void run(int sms, unsigned long long* cycles, float* sink) {
          kStage ? " + stage" : "        ", per, ideal, 100.0 * ideal / per);
 }
 
-template <int N, int NT, int kConvert, int kStages>
+template <int N, int NT, int kConvert, int kStages, int kFeed = 0>
 __global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, const uint8_t* src, size_t src_stages,
                                                               unsigned long long* cycles, float* sink) {
 #if defined(W4_HAS_WGMMA)
@@ -200,33 +209,44 @@ __global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, cons
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
   const uint8_t* sm = smem_raw + (base - raw);
-  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full, then empty
-  const uint32_t full = smem_addr(&bars[0]), empty = full + 8 * kStages;
+  __shared__ __align__(8) uint64_t bars[3 * kStages];  // full, empty, then landed (kFeed 2)
+  const uint32_t full = smem_addr(&bars[0]), empty = full + 8 * kStages, landed = full + 16 * kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       w4::mbar_init(full + 8 * s, 1);
       w4::mbar_init(empty + 8 * s, 256);
+      w4::mbar_init(landed + 8 * s, 1);
     }
     w4::fence_mbar_init();
   }
   __syncthreads();
   if (threadIdx.x >= 256) {  // the producer warp's lane 0
-    if (threadIdx.x == 256) {
+    if (threadIdx.x == 256 && kFeed != 4) {
+      const uint32_t copied = kFeed == 2 ? landed : full;  // the barrier the copies complete on
       for (int kb = 0; kb < kblocks; ++kb) {
         const int s = kb % kStages;
         if (kb >= kStages) w4::mbar_wait(empty + 8 * s, ((kb / kStages) + 1) & 1);
-        w4::mbar_arrive_expect_tx(full + 8 * s, kStage);
+        if (kFeed == 1 || kFeed == 3) {
+          w4::mbar_arrive_expect_tx(full + 8 * s, 0);
+          continue;
+        }
+        if (kFeed == 2) {
+          if (kb >= kStages) w4::mbar_wait(landed + 8 * s, ((kb / kStages) + 1) & 1);
+          w4::mbar_arrive_expect_tx(full + 8 * s, 0);
+        }
+        w4::mbar_arrive_expect_tx(copied + 8 * s, kStage);
         const uint8_t* from = src + ((size_t)blockIdx.x * kblocks + kb) % src_stages * kStage;
         for (uint32_t o = 0; o < kStage; o += 16384)
           asm volatile(
               "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                   base + s * kStage + o),
-              "l"(from + o), "r"(kStage - o < 16384 ? kStage - o : 16384u), "r"(full + 8 * s)
+              "l"(from + o), "r"(kStage - o < 16384 ? kStage - o : 16384u), "r"(copied + 8 * s)
               : "memory");
       }
       // no copy outlives its issuer: leave once the last stages have landed
-      for (int kb = kblocks > kStages ? kblocks - kStages : 0; kb < kblocks; ++kb)
-        w4::mbar_wait(full + 8 * (kb % kStages), (kb / kStages) & 1);
+      if (kFeed == 0 || kFeed == 2)
+        for (int kb = kblocks > kStages ? kblocks - kStages : 0; kb < kblocks; ++kb)
+          w4::mbar_wait(copied + 8 * (kb % kStages), (kb / kStages) & 1);
     }
     return;
   }
@@ -244,7 +264,7 @@ __global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, cons
   const unsigned long long t0 = clock64();
   for (int kb = 0; kb < kblocks; ++kb) {
     const int s = kb % kStages;
-    w4::mbar_wait(full + 8 * s, (kb / kStages) & 1);
+    if (kFeed < 3) w4::mbar_wait(full + 8 * s, (kb / kStages) & 1);
     const uint8_t* st = sm + s * kStage;
     uint32_t slo[NT], shi[NT];
 #pragma unroll
@@ -316,12 +336,12 @@ __global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, cons
 #endif
 }
 
-template <int N, int NT, int kConvert>
+template <int N, int NT, int kConvert, int kFeed = 0>
 void run_ring(int sms, unsigned long long* cycles, float* sink, const uint8_t* src, size_t src_bytes) {
   constexpr int kStageBytes = 2 * N * 128 + NT * 8192 + 1024;
   constexpr int kStages = (220 * 1024) / kStageBytes > 6 ? 6 : (220 * 1024) / kStageBytes;
   const int kblocks = 512, smem = kStages * kStageBytes + 1024;
-  auto fn = ring_kernel<N, NT, kConvert, kStages>;
+  auto fn = ring_kernel<N, NT, kConvert, kStages, kFeed>;
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   for (int rep = 0; rep < 2; ++rep)  // (the first warms up)
     fn<<<sms, 2 * 128 + 32, smem>>>(kblocks, src, src_bytes / kStageBytes, cycles, sink);
@@ -331,9 +351,14 @@ void run_ring(int sms, unsigned long long* cycles, float* sink, const uint8_t* s
   CK(cudaMemcpy(c.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   std::sort(c.begin(), c.end());
   const double per = (double)c[sms / 2] / ((double)kblocks * 2 * NT * 8), ideal = N / 2.0;
-  printf("ring of %d stages  m64n%-3dk16  %d tile(s) a warpgroup  A %-9s  source %4zu MB  %7.1f cycles a wgmma "
-         "(ideal %5.1f)  %5.1f%% of the tensor rate\n",
-         kStages, N, NT, kConvert == 2 ? "by words" : "converted", src_bytes >> 20, per, ideal, 100.0 * ideal / per);
+  const char* feed = kFeed == 1   ? "no bytes"
+                     : kFeed == 2 ? "unwaited"
+                     : kFeed == 3 ? "no wait"
+                     : kFeed == 4 ? "no prod."
+                                  : "waited";
+  printf("ring of %d stages  m64n%-3dk16  %d tile(s) a warpgroup  A %-9s  source %4zu MB  data %-8s  %7.1f cycles "
+         "a wgmma (ideal %5.1f)  %5.1f%% of the tensor rate\n",
+         kStages, N, NT, kConvert == 2 ? "by words" : "converted", src_bytes >> 20, feed, per, ideal, 100.0 * ideal / per);
 }
 
 int main() {
@@ -389,5 +414,19 @@ int main() {
     run_ring<128, 1, 1>(sms, cycles, sink, src, bytes);
     run_ring<128, 1, 2>(sms, cycles, sink, src, bytes);
   }
+  for (size_t bytes : {small, big}) {  // the ring's handshake alone, then its traffic alone
+    run_ring<64, 2, 2, 1>(sms, cycles, sink, src, bytes);
+    run_ring<64, 2, 2, 2>(sms, cycles, sink, src, bytes);
+    run_ring<128, 1, 2, 1>(sms, cycles, sink, src, bytes);
+    run_ring<128, 1, 2, 2>(sms, cycles, sink, src, bytes);
+    run_ring<64, 2, 1, 2>(sms, cycles, sink, src, bytes);
+  }
+  // the hand-off without its waits, and no producer at all (no bytes either way: one source)
+  run_ring<64, 2, 2, 3>(sms, cycles, sink, src, small);
+  run_ring<64, 2, 2, 4>(sms, cycles, sink, src, small);
+  run_ring<128, 1, 2, 3>(sms, cycles, sink, src, small);
+  run_ring<128, 1, 2, 4>(sms, cycles, sink, src, small);
+  run_ring<64, 2, 1, 3>(sms, cycles, sink, src, small);
+  run_ring<64, 2, 1, 4>(sms, cycles, sink, src, small);
   return 0;
 }
