@@ -30,6 +30,8 @@ build, the one the tests ran, with no second compile):
                it lies: the instruction stream a repacked layout in the mma fragments' order would
                give that order (the words are the version 1 layout's, so the results are wrong)
     v2words_nodata  v2words with no data after the first stages, persistent and split launches alike
+    v2words_nox, v2words_now  v2words with no activation copies, or no weight copies, after the first
+               stages (both launches): which of the data binds once the conversion is by whole words
 """
 
 from __future__ import annotations
@@ -142,6 +144,10 @@ V2_CONVERT_NEW = "      if constexpr (false) {"
 V2_NEXT = "    if (kNatural && c < 3) load_chunks(c + 1);"
 V2_NEXT_NEW = ""
 
+NOX = [(KERNEL, XA, NOXA), (KERNEL, XA3, NOXA3), (KERNEL, XB, NOXB), (KERNEL, XB2, NOXB2), (KERNEL, XP, NOXP),
+       (KERNEL, XP2, NOXP2)]
+V2WORDS = [(KERNEL, V2_LOAD, V2_LOAD_NEW), (KERNEL, V2_CONVERT, V2_CONVERT_NEW), (KERNEL, V2_NEXT, V2_NEXT_NEW)]
+
 BUILDS = {  # name: [(file, old, new)]
     "base": [],
     "noscale": [(KERNEL, CONVERT, NOSCALE)],
@@ -150,15 +156,15 @@ BUILDS = {  # name: [(file, old, new)]
     "nodata_split": [(KERNEL, SPLIT_LOOP, NODATA_SPLIT)],
     "mma_only": [(KERNEL, CONVERT, NOCONVERT), (KERNEL, LOOP, NODATA)],
     "nosz": [(KERNEL, SZ_LOOP, NOSZ)],
-    "nox": [(KERNEL, XA, NOXA), (KERNEL, XA3, NOXA3), (KERNEL, XB, NOXB), (KERNEL, XB2, NOXB2),
-            (KERNEL, XP, NOXP), (KERNEL, XP2, NOXP2)],
+    "nox": NOX,
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
     "nostore": [(KERNEL, STORE, NOSTORE)],
     "nomc": [(KERNEL, MC, NOMC)],
-    "v2words": [(KERNEL, V2_LOAD, V2_LOAD_NEW), (KERNEL, V2_CONVERT, V2_CONVERT_NEW), (KERNEL, V2_NEXT, V2_NEXT_NEW)],
-    "v2words_nodata": [(KERNEL, V2_LOAD, V2_LOAD_NEW), (KERNEL, V2_CONVERT, V2_CONVERT_NEW), (KERNEL, V2_NEXT, V2_NEXT_NEW),
-                       (KERNEL, LOOP, NODATA), (KERNEL, SPLIT_LOOP, NODATA_SPLIT)],
+    "v2words": V2WORDS,
+    "v2words_nodata": [*V2WORDS, (KERNEL, LOOP, NODATA), (KERNEL, SPLIT_LOOP, NODATA_SPLIT)],
+    "v2words_nox": [*V2WORDS, *NOX],
+    "v2words_now": [*V2WORDS, (KERNEL, W, NOW)],
     "solo": [(KERNEL, MC, NOMC), (KERNEL, PAIR_RELEASE, OWN_RELEASE), (KERNEL, PAIR_COUNT, OWN_COUNT)],
 }
 
