@@ -49,7 +49,8 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
 
 # Named variants of the shipped tree: (file, text, replacement) each, every occurrence replaced.
 # What each measured is in dev/LOG.md: none won (batch_ring8, wg_ring8, wg_one_an_sm on the H100,
-# tmap_prefetch, wg_queue3, late_b_wait on the H200, 2026-11-27).
+# tmap_prefetch, wg_queue3, late_b_wait on the H200, 2026-11-27; warp_release's outcome is in the
+# sixteenth session's steps).
 PATCHES = {
     # the mma.sync kernel's cp.async ring 8 deep at M <= 16 (184 KB at 256 rows): more bytes in flight
     # a block, where one block of 8 warps an SM keeps DRAM half busy (14336x4096 at M = 16)
@@ -111,6 +112,24 @@ PATCHES["late_b_wait"] = [
     ("gemm_w4a16_wgmma.cu", """kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);""",
      """kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u, b.full_b + 8 * s,
                                           (i / S::kStages) & 1);"""),
+]
+
+# each warp's release of a stage one arrival by lane 0 after __syncwarp (the warp's reads ordered
+# before it by the warp barrier) instead of 32, the empty barriers counting warps: 16 shared-memory
+# arrivals a stage part in place of 256 (the ring microbenchmark's hand-off alone held 64-token
+# whole-word k-blocks to 68% against 84% without it, H200, sixteenth session)
+PATCHES["warp_release"] = [
+    ("gemm_w4a16_wgmma.cu", """  mbar_arrive(bar);
+  if constexpr (kPair) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
+  }""", """  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+  if constexpr (kPair) {
+    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
+  }"""),
+    ("gemm_w4a16_wgmma.cu", "kBatchThreads + (kPair ? kBatchWarps : 0)", "kBatchWarps + (kPair ? kBatchWarps : 0)"),
+    ("gemm_w4a16_wgmma.cu", "      mbar_arrive(b.empty_b + 8 * held);", "      release_stage<false>(b.empty_b + 8 * held, lane);"),
 ]
 
 
