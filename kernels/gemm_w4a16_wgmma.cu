@@ -229,8 +229,9 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
 // its own shared memory (the stages are free by then) as [MT tokens][R + 4 rows] (the padding puts
 // the four token rows a warp's store touches on different banks). After a cluster barrier, block r
 // adds tokens [r MT / S, (r + 1) MT / S) of all S partials in split order, reading the others'
-// through distributed shared memory, and writes y (bias in fp32, one rounding); a second barrier
-// keeps every block's shared memory alive until the others have read it. Nothing goes through
+// through distributed shared memory, and writes y (bias in fp32, one rounding); a second barrier,
+// without a release (cluster_sync_reads_done: it would wait for the stores of y), keeps every
+// block's shared memory alive until the others have read it. Nothing goes through
 // global memory, and the bits of a sum do not depend on which block adds it.
 template <int MT, int R>
 struct SplitTile {
@@ -436,7 +437,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
                                       64, lane);
     cluster_sync();
     reduce_split_cluster<MT, S::kRows>(a, smem0, split, 0, cb * S::kRows);
-    cluster_sync();
+    cluster_sync_reads_done();
   }
 #endif
 }
@@ -877,7 +878,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     }
     if constexpr (kSplit) {
       cluster_sync();
-      cluster_sync();
+      cluster_sync_reads_done();
     }
     if constexpr (kPair) cluster_sync();  // neither block leaves while the other may still reach into it
   } else {
@@ -886,7 +887,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     if constexpr (kSplit) {
       cluster_sync();
       reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
-      cluster_sync();
+      cluster_sync_reads_done();
     }
     if constexpr (kPair) cluster_sync();
   }

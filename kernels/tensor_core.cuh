@@ -209,6 +209,13 @@ __device__ __forceinline__ uint64_t evict_normal_policy() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
+// The same barrier where it only keeps every block's shared memory alive until the others are done
+// reading it, as a split-K sum's last barrier: their reads' values are in registers and used before
+// they arrive, so the arrival needs no release, which waits for every write of the thread before
+// it to be performed GPU-wide (a MEMBAR.ALL.GPU in the SASS), the sum's stores of y included.
+__device__ __forceinline__ void cluster_sync_reads_done() {
+  asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait;\n" ::: "memory");
+}
 // The address, in the cluster's shared window, of the same offset in block `rank`'s shared memory.
 __device__ __forceinline__ uint32_t cluster_smem_addr(uint32_t addr, uint32_t rank) {
   uint32_t out;
