@@ -5,17 +5,18 @@
 # TEST_GPU=0, then the timeline probe on TL_CELLS and compare_builds on CMP_SHAPES x CMP_M (CMP_ARGS:
 # its other flags, e.g. "--kernel 2"). CMP_PREBUILD names more patches to build meanwhile, for a
 # later run of this script in the same call (TEST_GPU=0; a tree built before is not rebuilt). Logs
-# go to $OUT.
+# go to $OUT: the builds' in full only where one failed, since the device returns a few files.
 #
 #     OUT=/tmp/cmp CMP_SHAPES=4096x4096 CMP_M=256,512 TL_CELLS=4096x4096:256 bash dev/run_compare_device.sh [DIR ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/compare_out}"
 mkdir -p "$OUT"
+BUILD_LOGS=$(mktemp -d)
 export PYTHONPATH=$PWD:$PWD/dev/probes HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
 build() {  # name, tree, patches ("", "timeline" or a name of compare_builds.PATCHES)
-  python3 - "$@" <<'EOF' > "$OUT/build_$1.txt" 2>&1
+  python3 - "$@" <<'EOF' > "$BUILD_LOGS/$1.txt" 2>&1
 import sys, time
 from pathlib import Path
 from ws_ablation import build_tree
@@ -31,7 +32,10 @@ t = time.time()
 build_tree(name, tree, p)
 print(f"built {name} in {time.time() - t:.0f}s")
 EOF
-  echo "build $1 rc=$? $(tail -1 "$OUT/build_$1.txt")"
+  local rc=$?
+  echo "build $1 rc=$rc $(tail -1 "$BUILD_LOGS/$1.txt")"
+  # the whole log only where it failed: $OUT comes back with a few files at most
+  [ $rc = 0 ] || { echo "== $1"; cat "$BUILD_LOGS/$1.txt"; } >> "$OUT/build_failures.txt"
 }
 build shipped kernels "" &
 for d in "$@"; do build "$(basename "$d")" "$d" "" & done
