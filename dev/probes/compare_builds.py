@@ -132,6 +132,26 @@ PATCHES["warp_release"] = [
     ("gemm_w4a16_wgmma.cu", "      mbar_arrive(b.empty_b + 8 * held);", "      release_stage<false>(b.empty_b + 8 * held, lane);"),
 ]
 
+# the split launches' weights asked of L2 a ring ahead: the producer's lane 0, with each stage it
+# fills, prefetches (cp.async.bulk.prefetch.tensor, no shared memory, no barrier) the weight box of
+# the k-block kStages further on, so that its copy, when the stage comes round, reads L2 instead
+# of DRAM (a byte of weights held a 64-128-token stage about twice as long as a byte of
+# activations from L2, sixteenth session step 4)
+PATCHES["w_prefetch"] = [
+    ("tensor_core.cuh", """__device__ __forceinline__ uint64_t evict_normal_policy() {""",
+     """__device__ __forceinline__ void tensor_prefetch_4d_l2(const void* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\\n" ::"l"(map), "r"(c0),
+               "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t evict_normal_policy() {"""),
+    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);""",
+     """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    if (lane == 0 && i + S::kStages < nkb) tensor_prefetch_4d_l2(&wmap, 0, 0, kb0 + i + S::kStages, cb * (S::kRows / 8));
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""),
+]
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()
