@@ -132,10 +132,10 @@ PATCHES["warp_release"] = [
     ("gemm_w4a16_wgmma.cu", "      mbar_arrive(b.empty_b + 8 * held);", "      release_stage<false>(b.empty_b + 8 * held, lane);"),
 ]
 
-# the split launches' weights asked of L2 a ring ahead: the producer's lane 0, with each stage it
-# fills, prefetches (cp.async.bulk.prefetch.tensor, no shared memory, no barrier) the weight box of
-# the k-block kStages further on, so that its copy, when the stage comes round, reads L2 instead
-# of DRAM (a byte of weights held a 64-128-token stage about twice as long as a byte of
+# the weights asked of L2 a ring ahead: the producer's lane 0, with each stage it fills, prefetches
+# (cp.async.bulk.prefetch.tensor, no shared memory, no barrier) the weight box of the k-block kStages
+# further on in the same split or tile, so that its copy, when the stage comes round, reads L2
+# instead of DRAM (a byte of weights held a 64-128-token stage about twice as long as a byte of
 # activations from L2, sixteenth session step 4)
 PATCHES["w_prefetch"] = [
     ("tensor_core.cuh", """__device__ __forceinline__ uint64_t evict_normal_policy() {""",
@@ -150,6 +150,12 @@ __device__ __forceinline__ uint64_t evict_normal_policy() {"""),
      """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
     if (lane == 0 && i + S::kStages < nkb) tensor_prefetch_4d_l2(&wmap, 0, 0, kb0 + i + S::kStages, cb * (S::kRows / 8));
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""),
+    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);""",
+     """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+      if (lane == 0 && kb + S::kStages < seg.kb_hi)
+        tensor_prefetch_4d_l2(&wmap, 0, 0, kb + S::kStages, seg.cb * (S::kRows / 8));
+      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);"""),
 ]
 
 
