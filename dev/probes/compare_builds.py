@@ -50,7 +50,7 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
 # Named variants of the shipped tree: (file, text, replacement) each, every occurrence replaced.
 # What each measured is in dev/LOG.md: none won (batch_ring8, wg_ring8, wg_one_an_sm on the H100,
 # tmap_prefetch, wg_queue3, late_b_wait on the H200, 2026-11-27; warp_release's outcome is in the
-# sixteenth session's steps).
+# sixteenth session's steps, w_prefetch's in the seventeenth's).
 PATCHES = {
     # the mma.sync kernel's cp.async ring 8 deep at M <= 16 (184 KB at 256 rows): more bytes in flight
     # a block, where one block of 8 warps an SM keeps DRAM half busy (14336x4096 at M = 16)

@@ -20,10 +20,10 @@
 // Per configuration: the median block's cycles per wgmma against N / 2 cycles (2048 multiply-adds a
 // cycle an SM, the H100's dense fp16 rate at its 1.83 GHz boost), and that as a percentage.
 //
-// ring_kernel then feeds the same loop as the kernel is fed: two MMA warpgroups of NT m64 tiles
-// each (the kernel's variants 2 and 3; 128 tokens on two tiles would need the kernel's setmaxnreg
-// split, which this probe does not have) and a producer warp filling a ring of stages (two 64-k x
-// atoms of N tokens, 128 NT rows' weights, their scales and zeros) by bulk copies from global
+// ring_kernel then feeds the same loop as the kernel is fed: WGS MMA warpgroups (two, as the kernel)
+// of NT m64 tiles each (the kernel's variants 2 and 3; 128 tokens on two tiles would need the
+// kernel's setmaxnreg split, which this probe does not have) and a producer warp filling a ring of
+// stages (two 64-k x atoms of N tokens, 64 WGS NT rows' weights, their scales and zeros) by bulk copies from global
 // memory on full / empty mbarriers; the MMA warps read each stage's weights (at the 128-byte
 // swizzle's addresses) and scales, their wgmmas read its x, and they release it as ws_consume does.
 // The source is `src_bytes` of global memory walked stage by stage: 8 MB stay in L2, 512 MB come
@@ -37,14 +37,18 @@
 //   3  no bytes, and the MMA warps do not wait on the full barriers either (they still release
 //      each stage): the producer's hand-offs without anyone waiting for them
 //   4  no producer at all: the MMA warps alone, releasing each stage on barriers nobody waits on
+//      (ptxas serialises these builds' wgmmas, C7513: their rate is the serialisation's, not the
+//      ring's; dev/LOG.md, seventeenth session)
+// `wgmma_rate warpgroups` runs only the ring with its rows spread over 2, 3 or 4 warpgroups.
 //
 //     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels dev/probes/wgmma_rate.cu -o build/wgmma_rate
-//     build/wgmma_rate
+//     build/wgmma_rate [warpgroups]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "int4_convert.cuh"  // kernels/, through -I kernels
@@ -200,11 +204,11 @@ void run(int sms, unsigned long long* cycles, float* sink) {
          kStage ? " + stage" : "        ", per, ideal, 100.0 * ideal / per);
 }
 
-template <int N, int NT, int kConvert, int kStages, int kFeed = 0>
-__global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, const uint8_t* src, size_t src_stages,
+template <int N, int NT, int kConvert, int kStages, int kFeed = 0, int WGS = 2>
+__global__ void __launch_bounds__(WGS * 128 + 32, 1) ring_kernel(int kblocks, const uint8_t* src, size_t src_stages,
                                                               unsigned long long* cycles, float* sink) {
 #if defined(W4_HAS_WGMMA)
-  constexpr uint32_t kX = 2 * N * 128, kW = NT * 8192, kStage = kX + kW + 1024;  // x atoms, weights, scales
+  constexpr uint32_t kX = 2 * N * 128, kW = WGS * NT * 4096, kStage = kX + kW + 1024;  // x atoms, weights, scales
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
@@ -214,14 +218,14 @@ __global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       w4::mbar_init(full + 8 * s, 1);
-      w4::mbar_init(empty + 8 * s, 256);
+      w4::mbar_init(empty + 8 * s, WGS * 128);
       w4::mbar_init(landed + 8 * s, 1);
     }
     w4::fence_mbar_init();
   }
   __syncthreads();
-  if (threadIdx.x >= 256) {  // the producer warp's lane 0
-    if (threadIdx.x == 256 && kFeed != 4) {
+  if (threadIdx.x >= WGS * 128) {  // the producer warp's lane 0
+    if (threadIdx.x == WGS * 128 && kFeed != 4) {
       const uint32_t copied = kFeed == 2 ? landed : full;  // the barrier the copies complete on
       for (int kb = 0; kb < kblocks; ++kb) {
         const int s = kb % kStages;
@@ -336,32 +340,32 @@ __global__ void __launch_bounds__(2 * 128 + 32, 1) ring_kernel(int kblocks, cons
 #endif
 }
 
-template <int N, int NT, int kConvert, int kFeed = 0>
+template <int N, int NT, int kConvert, int kFeed = 0, int WGS = 2>
 void run_ring(int sms, unsigned long long* cycles, float* sink, const uint8_t* src, size_t src_bytes) {
-  constexpr int kStageBytes = 2 * N * 128 + NT * 8192 + 1024;
+  constexpr int kStageBytes = 2 * N * 128 + WGS * NT * 4096 + 1024;
   constexpr int kStages = (220 * 1024) / kStageBytes > 6 ? 6 : (220 * 1024) / kStageBytes;
   const int kblocks = 512, smem = kStages * kStageBytes + 1024;
-  auto fn = ring_kernel<N, NT, kConvert, kStages, kFeed>;
+  auto fn = ring_kernel<N, NT, kConvert, kStages, kFeed, WGS>;
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   for (int rep = 0; rep < 2; ++rep)  // (the first warms up)
-    fn<<<sms, 2 * 128 + 32, smem>>>(kblocks, src, src_bytes / kStageBytes, cycles, sink);
+    fn<<<sms, WGS * 128 + 32, smem>>>(kblocks, src, src_bytes / kStageBytes, cycles, sink);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<unsigned long long> c(sms);
   CK(cudaMemcpy(c.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   std::sort(c.begin(), c.end());
-  const double per = (double)c[sms / 2] / ((double)kblocks * 2 * NT * 8), ideal = N / 2.0;
+  const double per = (double)c[sms / 2] / ((double)kblocks * WGS * NT * 8), ideal = N / 2.0;
   const char* feed = kFeed == 1   ? "no bytes"
                      : kFeed == 2 ? "unwaited"
                      : kFeed == 3 ? "no wait"
                      : kFeed == 4 ? "no prod."
                                   : "waited";
-  printf("ring of %d stages  m64n%-3dk16  %d tile(s) a warpgroup  A %-9s  source %4zu MB  data %-8s  %7.1f cycles "
+  printf("ring of %d stages  m64n%-3dk16  %d warpgroups of %d tile(s)  A %-9s  source %4zu MB  data %-8s  %7.1f cycles "
          "a wgmma (ideal %5.1f)  %5.1f%% of the tensor rate\n",
-         kStages, N, NT, kConvert == 2 ? "by words" : "converted", src_bytes >> 20, feed, per, ideal, 100.0 * ideal / per);
+         kStages, N, WGS, NT, kConvert == 2 ? "by words" : "converted", src_bytes >> 20, feed, per, ideal, 100.0 * ideal / per);
 }
 
-int main() {
+int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop;
@@ -371,6 +375,27 @@ int main() {
   float* sink;
   CK(cudaMalloc(&cycles, sms * sizeof(unsigned long long)));
   CK(cudaMalloc(&sink, 1024 * sizeof(float)));
+  // The ring's rows over 2, 3 or 4 MMA warpgroups (at 128 tokens four need more registers than the
+  // 120 a thread a block of 544 threads leaves, and ptxas serialises their wgmmas: not run).
+  if (argc > 1 && std::string(argv[1]) == "warpgroups") {
+    uint8_t* src;
+    const size_t small = size_t{8} << 20;
+    CK(cudaMalloc(&src, small));
+    CK(cudaMemset(src, 0, small));
+    for (int rep = 0; rep < 2; ++rep) {
+      run_ring<64, 2, 1, 0, 2>(sms, cycles, sink, src, small);  // 256 rows: the kernel's variant 2
+      run_ring<64, 1, 1, 0, 4>(sms, cycles, sink, src, small);
+      run_ring<64, 2, 2, 0, 2>(sms, cycles, sink, src, small);
+      run_ring<64, 1, 2, 0, 4>(sms, cycles, sink, src, small);
+      run_ring<64, 1, 1, 0, 2>(sms, cycles, sink, src, small);  // 128 rows: variant 1
+      run_ring<64, 1, 1, 0, 3>(sms, cycles, sink, src, small);  // 192 rows
+      run_ring<128, 1, 1, 0, 2>(sms, cycles, sink, src, small);  // 128 rows: variant 3
+      run_ring<128, 1, 2, 0, 2>(sms, cycles, sink, src, small);
+      run_ring<64, 1, 1, 1, 4>(sms, cycles, sink, src, small);  // no bytes
+      run_ring<64, 2, 1, 1, 2>(sms, cycles, sink, src, small);
+    }
+    return 0;
+  }
   run<1, 64, 2, false>(sms, cycles, sink);
   run<2, 64, 2, false>(sms, cycles, sink);
   run<2, 64, 2, true>(sms, cycles, sink);
