@@ -158,6 +158,17 @@ __device__ __forceinline__ uint64_t evict_normal_policy() {"""),
       if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);"""),
 ]
 
+# The two MMA warpgroups held within a k-block (every k-block), or two, of each other: both pass the
+# MMA threads' named barrier before waiting for a stage. A stage is freed once all 256 MMA threads
+# released it, so a second warpgroup running k-blocks behind the first leaves the first a ring of
+# fewer stages ahead of the copies (dev/LOG.md, seventeenth session, steps 7-8).
+_STAGE_WAIT = """      const int s = i % S::kStages;
+      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);"""
+PATCHES["wg_lockstep"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
+    "      mbar_wait(b.full_a", "      mma_threads_sync();\n      mbar_wait(b.full_a"))]
+PATCHES["wg_lockstep2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
+    "      mbar_wait(b.full_a", "      if ((i & 1) == 0) mma_threads_sync();\n      mbar_wait(b.full_a"))]
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()

@@ -26,6 +26,15 @@ launches are printed beside the bench's per-call median (CUDA graph, cold L2) fo
               partial's read) and the slowest store of a piece's partial
 The timestamps add a few instructions to the MMA warps; compare the span with the bench's median
 to see what they cost.
+
+--kblocks adds a stamp per k-block of the ring (its first KB_STEPS steps): the producer's lane 0
+once it may refill the stage (part A and part B asked for) and thread 0 before its wait for the
+stage and once both parts have landed, all on the SM's cycle counter, and prints per step the
+median over blocks and launches of the wait, the lead (the MMA warps reaching the stage - part A
+asked for: how far ahead the ring is) and part B's time from asked to landed where the step was
+waited for: a ring that stays ahead shows leads of kStages - 1 k-blocks and no waits. Split
+launches also stamp the producer's steps within a ring step, and the second MMA warpgroup's
+arrival at each stage (its skew behind the first).
 """
 
 from __future__ import annotations
@@ -129,17 +138,107 @@ PATCHES = [
 ]
 
 
+KB_STEPS = 64  # ring steps traced per block with --kblocks
+
+KB_TRACE = """__device__ unsigned w4_ktrace[%d * %d * 8];
+__device__ __forceinline__ void w4_kstamp(int step, int what) {
+  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (blk >= %d || step >= %d) return;
+  w4_ktrace[(blk * %d + step) * 8 + what] = (unsigned)clock64();
+}
+#define W4_T(slot) do { if (threadIdx.x == 0) w4_stamp(slot); } while (0)
+""" % (BLOCKS, KB_STEPS, BLOCKS, KB_STEPS, KB_STEPS)
+
+KB_HOST = """
+void w4_ktrace_fetch(void* dst, size_t bytes) { cudaMemcpyFromSymbol(dst, w4_ktrace, bytes); }
+void w4_ktrace_clear() {
+  void* p = nullptr;
+  cudaGetSymbolAddress(&p, w4_ktrace);
+  cudaMemset(p, 0, sizeof(w4_ktrace));
+}
+}  // namespace w4
+"""
+
+# after PATCHES: 0 / 1 the producer may refill the stage's part A / part B (both producer loops), 2
+# / 3 thread 0 before the stage's wait / past both parts' (the full_b line as PATCHES left it); the
+# split producer's lane 0 also once it has issued the stage's constants (4), its first x atom (5)
+# and its second (6); thread 128 (the second MMA warpgroup's first) before the stage's wait (7)
+KB_PATCHES = [
+    (KERNEL, "#define W4_T(slot) do { if (threadIdx.x == 0) w4_stamp(slot); } while (0)\n", KB_TRACE),
+    (KERNEL, "if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);",
+     "if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);\n    if (lane == 0) w4_kstamp(i, 0);"),
+    (KERNEL, "if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);",
+     "if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);\n    if (lane == 0) w4_kstamp(i, 1);"),
+    (KERNEL, "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n",
+     "      if (threadIdx.x == 0) w4_kstamp(i, 2);\n      if (threadIdx.x == 128) w4_kstamp(i, 7);\n"
+     "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n"),
+    (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
+     "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (threadIdx.x == 0) w4_kstamp(i, 3);\n"),
+    (KERNEL, "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);\n",
+     "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);\n"
+     "    if (lane == 0) w4_kstamp(i, 4);\n"),
+    (KERNEL, "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);\n",
+     "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);\n"
+     "    if (lane == 0) w4_kstamp(i, 5);\n"),
+    (KERNEL, "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n    }\n",
+     "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n"
+     "      w4_kstamp(i, 6);\n    }\n"),
+    (KERNEL, "}  // namespace w4\n", KB_HOST),
+    ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
+     "namespace w4 {\nvoid w4_ktrace_fetch(void* dst, size_t bytes);\nvoid w4_ktrace_clear();\n}\n"
+     "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+     "  m.def(\"ktrace_fetch\", [](torch::Tensor t) { w4::w4_ktrace_fetch(t.data_ptr(), t.numel() * 4); });\n"
+     "  m.def(\"ktrace_clear\", []() { w4::w4_ktrace_clear(); });\n"),
+]
+
+
+def ring_steps(mod) -> list[list[tuple[int, ...]]]:
+    """Per traced block, its ring steps' stamps (cycles, low 32 bits), as far as they were set."""
+    t = torch.zeros(BLOCKS * KB_STEPS * 8, dtype=torch.int32)
+    mod.ktrace_fetch(t)
+    t = (t.view(BLOCKS, KB_STEPS, 8).to(torch.int64) & 0xFFFFFFFF).tolist()
+    return [[tuple(step) for step in blk if step[2] and step[3]] for blk in t if blk[0][2]]
+
+
+def ring_table(steps: list[list[list[tuple[int, ...]]]], ghz: float) -> None:
+    """Per ring step, medians over blocks and launches: wait, lead, part B asked -> landed (waited steps)."""
+    ns = lambda c: ((c + (1 << 31)) % (1 << 32) - (1 << 31)) / ghz  # noqa: E731  (32-bit wrap)
+    n = max((len(b) for launch in steps for b in launch), default=0)
+    print("  step: wait ns, lead ns (MMA warps at the stage - part A asked), part B asked -> landed ns "
+          "(waited steps only), waited blocks %; the split producer's ns from part A's release to its "
+          "constants issued, its first atom issued, part B's release, its second atom issued, and to the "
+          "next step's part A release; skew: the second MMA warpgroup reaching the stage after the first",
+          flush=True)
+    for i in range(n):
+        rows = [b[i] for launch in steps for b in launch if len(b) > i]
+        waits = [ns(r[3] - r[2]) for r in rows]
+        leads = [ns(r[2] - r[0]) for r in rows if r[0]]
+        waited = [r for r, w in zip(rows, waits) if w > 100]
+        land_b = [ns(r[3] - r[1]) for r in waited if r[1]]
+        prod = [[ns(r[k] - r[0]) for r in rows if r[0] and r[k]] for k in (4, 5, 1, 6)]
+        nxt = [ns(b[i + 1][0] - b[i][0]) for launch in steps for b in launch if len(b) > i + 1 and b[i][0] and b[i + 1][0]]
+        print(f"  {i:3d}: wait {med(waits):7.0f}  lead {med(leads):7.0f}  B landed after {med(land_b):7.0f}  "
+              f"waited {100 * len(waited) / max(1, len(rows)):3.0f}%  producer "
+              + " ".join(f"{med(v):6.0f}" for v in prod) + f"  next {med(nxt):6.0f}"
+              + f"  skew {med([ns(r[7] - r[2]) for r in rows if r[7]]):7.0f}", flush=True)
+
+
 def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def one_launch(mod, call, flush: torch.Tensor) -> dict:
-    """One traced launch after an L2-evicting read; the per-launch statistics in ns."""
+def one_launch(mod, call, flush: torch.Tensor, kblocks: list | None = None) -> dict:
+    """One traced launch after an L2-evicting read; the per-launch statistics in ns. With `kblocks`
+    (a build with KB_PATCHES), its ring steps are appended there."""
     flush.sum()
     mod.trace_clear()
+    if kblocks is not None:
+        mod.ktrace_clear()
     torch.cuda.synchronize()
     call()
     torch.cuda.synchronize()
+    if kblocks is not None:
+        kblocks.append(ring_steps(mod))
     t = torch.zeros(BLOCKS * SLOTS * 2, dtype=torch.int64)
     mod.trace_fetch(t)
     t = t.view(BLOCKS, SLOTS, 2).tolist()
@@ -193,8 +292,10 @@ def main() -> int:
     ap.add_argument("--splits", type=int, default=0)
     ap.add_argument("--variant", type=int, default=0)
     ap.add_argument("--order", type=int, default=0)
+    ap.add_argument("--kblocks", action="store_true", help="stamp each ring step too (KB_PATCHES)")
     args = ap.parse_args()
-    mod = build_tree("timeline_" + Path(args.tree).name, Path(args.tree), PATCHES)
+    mod = build_tree(("timeline_kb_" if args.kblocks else "timeline_") + Path(args.tree).name, Path(args.tree),
+                     PATCHES + (KB_PATCHES if args.kblocks else []))
     copy = timing.copy_bandwidth()
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_()
     print(torch.cuda.get_device_name(), flush=True)
@@ -211,7 +312,8 @@ def main() -> int:
                           cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group))
         bench = case.measure(copy).median_us
         x, (qw, qz, s) = layer.x(m, 0), layer.gemv(0)
-        runs = [one_launch(mod, lambda: run(x, qw, qz, s, None), flush) for _ in range(args.launches)]
+        steps = [] if args.kblocks else None
+        runs = [one_launch(mod, lambda: run(x, qw, qz, s, None), flush, steps) for _ in range(args.launches)]
         col = {key: med([r[key] for r in runs]) for key in runs[0]}
         print(f"{cell}: bench {bench:.2f} us | blocks {col['blocks']:.0f} tiles/block {col['tiles']:.0f} "
               f"kb/tile0 {col['kb']:.0f} @ {col['ghz']:.2f} GHz | span {col['span'] / 1e3:.2f} us, skew "
@@ -223,6 +325,8 @@ def main() -> int:
               f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}, stream-K add {col['skadd'] / 1e3:.2f} "
               f"(to the last flag {col['skwait'] / 1e3:.2f}, its partial {col['skread'] / 1e3:.2f}) store "
               f"{col['skstore'] / 1e3:.2f} (slowest)", flush=True)
+        if steps is not None:
+            ring_table(steps, col["ghz"])
     return 0
 
 
