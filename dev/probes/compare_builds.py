@@ -168,6 +168,15 @@ PATCHES["wg_lockstep"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.repla
     "      mbar_wait(b.full_a", "      mma_threads_sync();\n      mbar_wait(b.full_a"))]
 PATCHES["wg_lockstep2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
     "      mbar_wait(b.full_a", "      if ((i & 1) == 0) mma_threads_sync();\n      mbar_wait(b.full_a"))]
+# Softer: before a stage, a thread waits until both warpgroups have released part A of the stage two
+# steps back (the empty barrier the producer waits on; its phase cannot have moved on again, since
+# that needs this thread past the stage's next use), so neither runs more than about a step and a
+# half ahead, with no barrier between the warpgroups otherwise. Not for the pairs, whose empty
+# barriers count the other block's warps too.
+PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
+    "      mbar_wait(b.full_a",
+    "      if (!kPair && i >= 2) mbar_wait(b.empty_a + 8 * ((i - 2) % S::kStages), ((i - 2) / S::kStages) & 1);\n"
+    "      mbar_wait(b.full_a"))]
 
 
 def main() -> int:
