@@ -73,15 +73,18 @@ __device__ __forceinline__ void w4_note(int slot, unsigned long long v0, unsigne
 #define W4_T(slot) do { if (threadIdx.x == 0) w4_stamp(slot); } while (0)
 """ % (BLOCKS, SLOTS, BLOCKS, SLOTS, SLOTS, SLOTS, BLOCKS, SLOTS, SLOTS)
 
-HOST = """
-void w4_trace_fetch(void* dst, size_t bytes) { cudaMemcpyFromSymbol(dst, w4_trace, bytes); }
-void w4_trace_clear() {
-  void* p = nullptr;
-  cudaGetSymbolAddress(&p, w4_trace);
-  cudaMemset(p, 0, sizeof(w4_trace));
-}
-}  // namespace w4
-"""
+def accessor_patches(symbol: str, name: str, elem_bytes: int) -> list[tuple[str, str, str]]:
+    """The patches that give a __device__ array `symbol` of the traced kernel file a fetch and a
+    clear on the host, bound in the module as `name`_fetch(tensor) and `name`_clear()."""
+    host = (f"\nvoid {symbol}_fetch(void* dst, size_t bytes) {{ cudaMemcpyFromSymbol(dst, {symbol}, bytes); }}\n"
+            f"void {symbol}_clear() {{\n  void* p = nullptr;\n  cudaGetSymbolAddress(&p, {symbol});\n"
+            f"  cudaMemset(p, 0, sizeof({symbol}));\n}}\n}}  // namespace w4\n")
+    binding = (f"namespace w4 {{\nvoid {symbol}_fetch(void* dst, size_t bytes);\nvoid {symbol}_clear();\n}}\n"
+               "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+               f"  m.def(\"{name}_fetch\", [](torch::Tensor t) {{ w4::{symbol}_fetch(t.data_ptr(), t.numel() * {elem_bytes}); }});\n"
+               f"  m.def(\"{name}_clear\", []() {{ w4::{symbol}_clear(); }});\n")
+    return [(KERNEL, "}  // namespace w4\n", host), ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n", binding)]
+
 
 # slots: 0 entry, 1 / 2 producer before / after pdl_wait, 4 + 4 j .. 7 + 4 j tile j (landed,
 # issued, drained, gone) for its first four tiles, 25 the first stage's part A landed, 32 the
@@ -129,13 +132,7 @@ PATCHES = [
      "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n      if (lane == 0) w4_stamp(33);\n"),
     (KERNEL, "  bool more = work.next(a, seg);\n",
      "  bool more = work.next(a, seg);\n  if (lane == 0) w4_stamp(34);\n"),
-    (KERNEL, "}  // namespace w4\n", HOST),
-    ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
-     "namespace w4 {\nvoid w4_trace_fetch(void* dst, size_t bytes);\nvoid w4_trace_clear();\n}\n"
-     "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
-     "  m.def(\"trace_fetch\", [](torch::Tensor t) { w4::w4_trace_fetch(t.data_ptr(), t.numel() * 8); });\n"
-     "  m.def(\"trace_clear\", []() { w4::w4_trace_clear(); });\n"),
-]
+] + accessor_patches("w4_trace", "trace", 8)
 
 
 KB_STEPS = 64  # ring steps traced per block with --kblocks
@@ -148,16 +145,6 @@ __device__ __forceinline__ void w4_kstamp(int step, int what) {
 }
 #define W4_T(slot) do { if (threadIdx.x == 0) w4_stamp(slot); } while (0)
 """ % (BLOCKS, KB_STEPS, BLOCKS, KB_STEPS, KB_STEPS)
-
-KB_HOST = """
-void w4_ktrace_fetch(void* dst, size_t bytes) { cudaMemcpyFromSymbol(dst, w4_ktrace, bytes); }
-void w4_ktrace_clear() {
-  void* p = nullptr;
-  cudaGetSymbolAddress(&p, w4_ktrace);
-  cudaMemset(p, 0, sizeof(w4_ktrace));
-}
-}  // namespace w4
-"""
 
 # after PATCHES: 0 / 1 the producer may refill the stage's part A / part B (both producer loops), 2
 # / 3 thread 0 before the stage's wait / past both parts' (the full_b line as PATCHES left it); the
@@ -183,13 +170,7 @@ KB_PATCHES = [
     (KERNEL, "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n    }\n",
      "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n"
      "      w4_kstamp(i, 6);\n    }\n"),
-    (KERNEL, "}  // namespace w4\n", KB_HOST),
-    ("ops.cpp", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n",
-     "namespace w4 {\nvoid w4_ktrace_fetch(void* dst, size_t bytes);\nvoid w4_ktrace_clear();\n}\n"
-     "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
-     "  m.def(\"ktrace_fetch\", [](torch::Tensor t) { w4::w4_ktrace_fetch(t.data_ptr(), t.numel() * 4); });\n"
-     "  m.def(\"ktrace_clear\", []() { w4::w4_ktrace_clear(); });\n"),
-]
+] + accessor_patches("w4_ktrace", "ktrace", 4)
 
 
 def ring_steps(mod) -> list[list[tuple[int, ...]]]:
