@@ -24,10 +24,11 @@ from ws_ablation import build_tree  # dev/probes, this script's folder
 
 
 def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = True, label: str = "",
-                     reps: int = 2) -> None:
+                     reps: int = 2, pad_x: int = 0) -> None:
     """Per shape and M, every tree's `call(mod, x, qweight, qzeros, scales, bias)` timed `reps` times,
     alternating, on the bench's harness; each output checked against the reference unless
-    `checked` is False (a build whose results are wrong on purpose)."""
+    `checked` is False (a build whose results are wrong on purpose). pad_x > 0: x is the first M
+    rows of an allocation of M rounded up to pad_x rows (for a build that reads past row M)."""
     copy = timing.copy_bandwidth()
     for shape in shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -40,7 +41,9 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
                         return call(mod, x, qw, qz, s, b)
                     def check(out, a, layer=layer):
                         return cases.w4_gemv_errors(layer, out, a).require() if checked else True
-                    case = cases.Case(name, lambda i, m=m, layer=layer: (layer.x(m, i), *layer.gemv(i), None), run,
+                    rows = -(-m // pad_x) * pad_x if pad_x else m
+                    case = cases.Case(name, lambda i, m=m, rows=rows, layer=layer: (layer.x(rows, i)[:m], *layer.gemv(i),
+                                                                                   None), run,
                                       check, cases.W4_GEMV_KERNEL.bytes_moved(k, n, m, layer.group))
                     t = case.measure(copy)
                     row.append(f"{name} {t.median_us:.2f} ({t.pct_of_copy:.0f}%)")
@@ -179,6 +182,109 @@ PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
     "      mbar_wait(b.full_a"))]
 
 
+# The producer's two parts in two warps of its warpgroup: warp 8 waits for part A's release and
+# issues the stage's constants and first x atom, warp 9 waits for part B's and issues the second
+# atom, each on its own loop over the same steps. Per ring step the one producer warp spent about a
+# k-block (constants 330 ns, atoms 150-180 ns each, its waits 200-240 ns; 8192x8192, M = 128, H200),
+# and passed each empty barrier 2.6-6 us after the MMA warps had released it (eighteenth session,
+# step 1): if its own instruction stream is the pace, split in two it is about halved.
+_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+  pdl_wait();
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const int k0 = (kb0 + i) * 128;
+    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+    }
+  }
+  // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
+  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i) {
+    mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
+  }"""
+_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+  pdl_wait();
+  const uint32_t empty = part == 0 ? b.empty_a : b.empty_b;
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const int k0 = (kb0 + i) * 128;
+    if (i >= S::kStages) mbar_wait(empty + 8 * s, parity);
+    if (part == 0) {
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    } else if (lane == 0) {
+      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+    }
+  }
+  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
+    mbar_wait(empty + 8 * (i % S::kStages), (i / S::kStages) & 1);"""
+_PERSIST_LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+      if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+      }"""
+_PERSIST_LOOP2 = """      if (i >= S::kStages) mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * s, parity);
+      if (part == 0) {
+        if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+        if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+      } else if (lane == 0) {
+        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
+        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+      }"""
+_PERSIST_TAIL = """  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j) {
+    mbar_wait(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (j % S::kStages), (j / S::kStages) & 1);
+  }"""
+_PERSIST_TAIL2 = """  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j)
+    mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * (j % S::kStages), (j / S::kStages) & 1);"""
+PATCHES["two_producers"] = [
+    ("gemm_w4a16_wgmma.cu", _SPLIT_LOOP, _SPLIT_LOOP2),
+    ("gemm_w4a16_wgmma.cu", """int cb, int mt, int kb0, int nkb,
+                                                 int lane) {""", """int cb, int mt, int kb0, int nkb,
+                                                 int lane, int part) {"""),
+    ("gemm_w4a16_wgmma.cu", _PERSIST_LOOP, _PERSIST_LOOP2),
+    ("gemm_w4a16_wgmma.cu", _PERSIST_TAIL, _PERSIST_TAIL2),
+    ("gemm_w4a16_wgmma.cu", "uint32_t smem0, const WsBarriers& b, int lane) {",
+     "uint32_t smem0, const WsBarriers& b, int lane, int part) {"),
+    ("gemm_w4a16_wgmma.cu", "  if (more) ws_copy_constants<S>(", "  if (more && part == 0) ws_copy_constants<S>("),
+    ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || warp == kBatchWarps + 1) {"),
+    ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
+     "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane);",
+     "ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane, warp - kBatchWarps);"),
+]
+# the split launches' producer only (the persistent one, at 40 registers, spills 4-36 bytes split in two)
+PATCHES["two_producers_split"] = PATCHES["two_producers"][:2] + [
+    ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || (kSplit && warp == kBatchWarps + 1)) {"),
+    ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
+     "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane, warp - kBatchWarps);"),
+]
+
+
+# The x tensor map over M rounded up to the tile's tokens, so that no box reaches past the map's
+# rows (timing only, with --pad-x: reads the allocation's rows past M). A token tile partly past M
+# ran up to twice as long as a full one (4096x14336, variant 5: M = 160 115 us, 192 88 us, 256
+# 58 us, the same 112 tiles; H100, eighteenth session, step 5): if the tensor copy engine's fill
+# of the rows past the map is what costs, this build runs those cells as fast as M = 256.
+PATCHES["x_padded"] = [("gemm_w4a16_wgmma.cu",
+                        "x_tensor_map(staged, M, cols, v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);",
+                        "x_tensor_map(staged, (M + v.tokens - 1) / v.tokens * v.tokens, cols,\n"
+                        "                                            v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("others", nargs="*")
@@ -190,6 +296,7 @@ def main() -> int:
     ap.add_argument("--orders", default="0")
     ap.add_argument("--tiles", type=int, default=0, help="the batch kernels' tiling (0: the planner's)")
     ap.add_argument("--splits", type=int, default=0, help="their split-K count (0: the planner's)")
+    ap.add_argument("--pad-x", type=int, default=0, help="x allocated with M rounded up to this many rows")
     args = ap.parse_args()
     shipped = build_tree("shipped", kernels.KERNEL_DIR)
     mods = {f"o{o}" if args.orders != "0" else "shipped": (shipped, int(o)) for o in args.orders.split(",")}
@@ -204,7 +311,8 @@ def main() -> int:
         if order is None:  # another tree: its own binding, which may not know `order`
             return mod.gemm_w4_batch(x, qw, qz, s, b, args.splits, args.tiles, args.kernel)
         return mod.gemm_w4_batch(x, qw, qz, s, b, args.splits, args.tiles, args.kernel, False, order)
-    time_alternately(mods, args.shapes, args.m, call, label=f" kernel {args.kernel}", reps=args.reps)
+    time_alternately(mods, args.shapes, args.m, call, label=f" kernel {args.kernel}", reps=args.reps,
+                     pad_x=args.pad_x)
     return 0
 
 
