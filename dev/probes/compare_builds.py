@@ -148,17 +148,17 @@ PATCHES["w_prefetch"] = [
                : "memory");
 }
 __device__ __forceinline__ uint64_t evict_normal_policy() {"""),
-    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);""",
-     """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);""",
+     """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0 && i + S::kStages < nkb) tensor_prefetch_4d_l2(&wmap, 0, 0, kb0 + i + S::kStages, cb * (S::kRows / 8));
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""),
-    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);""",
-     """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);"""),
+    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);""",
+     """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0 && kb + S::kStages < seg.kb_hi)
         tensor_prefetch_4d_l2(&wmap, 0, 0, kb + S::kStages, seg.cb * (S::kRows / 8));
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);"""),
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);"""),
 ]
 
 # The two MMA warpgroups held within a k-block (every k-block), or two, of each other: both pass the
@@ -188,7 +188,7 @@ PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
 # k-block (constants 330 ns, atoms 150-180 ns each, its waits 200-240 ns; 8192x8192, M = 128, H200),
 # and passed each empty barrier 2.6-6 us after the MMA warps had released it (eighteenth session,
 # step 1): if its own instruction stream is the pace, split in two it is about halved.
-_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -196,12 +196,12 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, k
     const uint32_t st = smem0 + s * S::kStageBytes;
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
-      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
@@ -209,7 +209,7 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, k
     mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
     mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
   }"""
-_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   const uint32_t empty = part == 0 ? b.empty_a : b.empty_b;
   for (int i = 0; i < nkb; ++i) {
@@ -219,30 +219,30 @@ _SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(empty + 8 * s, parity);
     if (part == 0) {
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     } else if (lane == 0) {
-      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
   }
   for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
     mbar_wait(empty + 8 * (i % S::kStages), (i / S::kStages) & 1);"""
 _PERSIST_LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 _PERSIST_LOOP2 = """      if (i >= S::kStages) mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * s, parity);
       if (part == 0) {
-        if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-        if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+        if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+        if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       } else if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 _PERSIST_TAIL = """  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j) {
     mbar_wait(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
@@ -252,9 +252,7 @@ _PERSIST_TAIL2 = """  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; +
     mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * (j % S::kStages), (j / S::kStages) & 1);"""
 PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", _SPLIT_LOOP, _SPLIT_LOOP2),
-    ("gemm_w4a16_wgmma.cu", """int cb, int mt, int kb0, int nkb,
-                                                 int lane) {""", """int cb, int mt, int kb0, int nkb,
-                                                 int lane, int part) {"""),
+    ("gemm_w4a16_wgmma.cu", "int mt, int kb0, int nkb, int lane) {", "int mt, int kb0, int nkb, int lane, int part) {"),
     ("gemm_w4a16_wgmma.cu", _PERSIST_LOOP, _PERSIST_LOOP2),
     ("gemm_w4a16_wgmma.cu", _PERSIST_TAIL, _PERSIST_TAIL2),
     ("gemm_w4a16_wgmma.cu", "uint32_t smem0, const WsBarriers& b, int lane) {",
@@ -263,8 +261,8 @@ PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || warp == kBatchWarps + 1) {"),
     ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
      "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane, warp - kBatchWarps);"),
-    ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane);",
-     "ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);",
+     "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane, warp - kBatchWarps);"),
 ]
 # the split launches' producer only (the persistent one, at 40 registers, spills 4-36 bytes split in two)
 PATCHES["two_producers_split"] = PATCHES["two_producers"][:2] + [
