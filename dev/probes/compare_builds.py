@@ -53,7 +53,9 @@ def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = Tru
 # Named variants of the shipped tree: (file, text, replacement) each, every occurrence replaced.
 # What each measured is in dev/LOG.md: none won (batch_ring8, wg_ring8, wg_one_an_sm on the H100,
 # tmap_prefetch, wg_queue3, late_b_wait on the H200, 2026-11-27; warp_release's outcome is in the
-# sixteenth session's steps, w_prefetch's in the seventeenth's).
+# sixteenth session's steps, w_prefetch's in the seventeenth's, wg_lockstep, wg_lockstep2, wg_skew2,
+# two_producers and two_producers_split's in the eighteenth's, none of which won either; x_padded
+# (timing only) showed what a box past M costs, eighteenth session).
 PATCHES = {
     # the mma.sync kernel's cp.async ring 8 deep at M <= 16 (184 KB at 256 rows): more bytes in flight
     # a block, where one block of 8 warps an SM keeps DRAM half busy (14336x4096 at M = 16)
@@ -186,7 +188,7 @@ PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
 # issues the stage's constants and first x atom, warp 9 waits for part B's and issues the second
 # atom, each on its own loop over the same steps. Per ring step the one producer warp spent about a
 # k-block (constants 330 ns, atoms 150-180 ns each, its waits 200-240 ns; 8192x8192, M = 128, H200),
-# and passed each empty barrier 2.6-6 us after the MMA warps had released it (eighteenth session,
+# and passed each empty barrier 3.7-6 us after the MMA warps had released it (eighteenth session,
 # step 1): if its own instruction stream is the pace, split in two it is about halved.
 _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
@@ -264,7 +266,7 @@ PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);",
      "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane, warp - kBatchWarps);"),
 ]
-# the split launches' producer only (the persistent one, at 40 registers, spills 4-36 bytes split in two)
+# the split launches' producer only (the persistent one, at 40 registers, spills 20-60 bytes split in two)
 PATCHES["two_producers_split"] = PATCHES["two_producers"][:2] + [
     ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || (kSplit && warp == kBatchWarps + 1)) {"),
     ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
