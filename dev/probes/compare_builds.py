@@ -20,7 +20,7 @@ from pathlib import Path
 
 from w4cli.bench import cases
 from w4cli.gpu import kernels, timing
-from ws_ablation import build_tree  # dev/probes, this script's folder
+from ws_ablation import LOOP, build_tree  # dev/probes, this script's folder
 
 
 def time_alternately(mods: dict, shapes: str, ms: str, call, checked: bool = True, label: str = "",
@@ -230,14 +230,7 @@ _SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem
   }
   for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
     mbar_wait(empty + 8 * (i % S::kStages), (i / S::kStages) & 1);"""
-_PERSIST_LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
-      if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
-      if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
-        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
-      }"""
+_PERSIST_LOOP = LOOP  # the persistent producer's ring step (ws_ablation's)
 _PERSIST_LOOP2 = """      if (i >= S::kStages) mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * s, parity);
       if (part == 0) {
         if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
