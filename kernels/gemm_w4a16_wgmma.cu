@@ -448,8 +448,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1; 6 = 5 in pairs). Warps 0-7 are two MMA warpgroups
 // (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
 // fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
-// boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, tokens past M and k
-// past the row zero-filled; weights: one box a stage, swizzled too in the natural order) and
+// boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, k past the row
+// zero-filled; weights: one box a stage, swizzled too in the natural order) and
 // cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
 // (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
 // flight across stage boundaries.
@@ -466,6 +466,12 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 //               token tile, each tensor-copying half of every x atom's tokens into both (multicast),
 //               persistent over the pairs of tiles (no split-K, no stream-K); a stage is refilled
 //               once both blocks released it (release_stage).
+// A last token tile that M does not fill is copied with a box of its own tokens only (xtail, a
+// second map of the same rows): a box reaching past the map's rows is filled there with zeros, and
+// the copy engine does that so slowly that such tiles ran up to twice as long as full ones (H100,
+// dev/LOG.md). The stage's rows past M keep whatever they held; they feed only the wgmmas' token
+// columns past M, which nothing stores (every store of y, and of a partial, checks m < M). The
+// pairs keep xmap for every tile (a half box past M cost them nothing there).
 // Launch shape: grid (P), grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1), or grid (P, 2) in
 // clusters of (1, 2, 1) (pairs, xmap's box half the tile's tokens); 384 threads,
 // dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
@@ -473,8 +479,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // zero_flags_kernel where the launch has stream-K.
 // Constraints: as the cp.async kernel, with 1 <= M <= 65536; scratch from the caller (WsScratch):
 // x_perm in the permuted order, and for stream-K partial [Q, MT x R] fp32 and flags [Q] int32 for
-// its Q blocks. The tensor maps of x (or x_perm) and of the weights are encoded per launch
-// (x_tensor_map, weight_tensor_map) and passed by value.
+// its Q blocks. The tensor maps of x (or x_perm: xmap and xtail) and of the weights are encoded per
+// launch (x_tensor_map, weight_tensor_map) and passed by value.
 
 // Zeroes the stream-K flags (flags[0 .. n)) of the GEMM launched after it, after pdl_wait: the
 // GEMM before may still be using the same memory for its own.
@@ -602,17 +608,17 @@ struct WsWork {
 // nanosecond, so every stage's weights queued ahead of the first activations could hold those back
 // by microseconds.
 //
-// Stage i's part A but its x atom, for k-block kb of row block cb: the expected bytes (x atom
-// included), the weights, scales and zeros.
+// Stage i's part A but its x atom, for k-block kb of row block cb: the expected bytes (x atom of
+// `atom` bytes included), the weights, scales and zeros.
 template <typename S>
 __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
-                                                  const WsBarriers& b, int i, int cb, int kb, uint64_t wpolicy,
-                                                  int lane) {
+                                                  const WsBarriers& b, int i, int cb, int kb, uint32_t atom,
+                                                  uint64_t wpolicy, int lane) {
   constexpr int kTiles8 = S::kRows / 8;
   const uint32_t full = b.full_a + 8 * (i % S::kStages);
   const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
   if (lane == 0) {
-    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
+    mbar_arrive_expect_tx(full, atom + kTiles8 * 512);
     tensor_copy_4d_g2s(st + S::kWOff, &wmap, 0, 0, kb, cb * kTiles8, full, wpolicy);
   }
   // scales and zeros: per 32-k run slot, one 16-byte scale chunk and one zero word per 8 rows
@@ -640,13 +646,16 @@ __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUte
 // 11-17% slower at M = 64, where it is bound by memory (H100, same-run builds, dev/LOG.md).
 template <typename S>
 __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                                                 uint32_t smem0, const WsBarriers& b, int cb, int mt, int kb0, int nkb,
-                                                 int lane) {
-  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
+                                                 const CUtensorMap& xtail, uint32_t smem0, const WsBarriers& b, int cb,
+                                                 int mt, int kb0, int nkb, int lane) {
+  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile (its place in the stage)
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
   const int m0 = mt * S::kTokens;
-  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+  const bool tail = mt == a.m_tiles - 1;  // (xtail is xmap where M fills the last tile)
+  const CUtensorMap* x = tail ? &xtail : &xmap;
+  const uint32_t atom = tail ? (a.M - m0) * 128u : kAtom;  // bytes the x box brings
+  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -654,12 +663,12 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
     const uint32_t st = smem0 + s * S::kStageBytes;
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
-      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
@@ -675,37 +684,43 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
 // release_stage).
 template <typename S, bool kPair = false>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                                           uint32_t smem0, const WsBarriers& b, int lane) {
-  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile
+                                           const CUtensorMap& xtail, uint32_t smem0, const WsBarriers& b, int lane) {
+  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile (its place in the stage)
   const uint64_t wpolicy = a.m_tiles == 1 ? evict_first_policy() : evict_normal_policy();
   const uint64_t xpolicy = evict_normal_policy();
-  auto copy_x = [&](uint32_t dst, int k0, int m0, uint32_t bar) {
+  // the last token tile's x box brings only its tokens (the pairs: every box as xmap's)
+  auto tail = [&](const WsSegment& seg) { return !kPair && (int)seg.mt == a.m_tiles - 1; };
+  auto copy_x = [&](uint32_t dst, const CUtensorMap* x, int k0, int m0, uint32_t bar) {
     if constexpr (kPair) {
       const uint32_t rank = cluster_rank();  // (read here each time: the producer has 40 registers)
-      tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), &xmap, k0, m0 + rank * (S::kTokens / 2), bar);
+      tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), x, k0, m0 + rank * (S::kTokens / 2), bar);
     } else {
-      tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
+      tensor_copy_2d_g2s(dst, x, k0, m0, bar, xpolicy);
     }
   };
   WsWork<kPair> work(a, false);
   WsSegment seg;
   bool more = work.next(a, seg);
-  if (more) ws_copy_constants<S>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, wpolicy, lane);
+  // bytes the x box of a segment's tile brings
+  auto atom_of = [&](const WsSegment& seg) { return tail(seg) ? (a.M - (int)seg.mt * S::kTokens) * 128u : kAtom; };
+  if (more) ws_copy_constants<S>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, atom_of(seg), wpolicy, lane);
   pdl_wait();
   int i = 0;  // steps into the ring
   for (; more; more = work.next(a, seg)) {
     const int m0 = (int)seg.mt * S::kTokens;
+    const CUtensorMap* x = tail(seg) ? &xtail : &xmap;
+    const uint32_t atom = atom_of(seg);
     for (int kb = seg.kb_lo; kb < seg.kb_hi; ++kb, ++i) {
       const int s = i % S::kStages;
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
       const uint32_t st = smem0 + s * S::kStageBytes;
       if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
       }
     }
   }
@@ -828,14 +843,15 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
 
 // Persistent (!kSplit): grid (P), P <= the tile count and the SM count; split-K in clusters
 // (kSplit): grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1). kWsThreads threads, S::kSmem
-// bytes of dynamic shared memory; wmap, xmap: the tensor maps of the weights and of x
-// (weight_tensor_map, x_tensor_map). kNatural: wgmma_stage's k order. kPair (persistent only): grid
-// (P, 2) in clusters of (1, 2, 1), P <= the pairs of tiles and half the SM count (WsWork), xmap's
-// box half a tile's tokens.
+// bytes of dynamic shared memory; wmap, xmap, xtail: the tensor maps of the weights, of x and of
+// x's last token tile (weight_tensor_map, x_tensor_map). kNatural: wgmma_stage's k order. kPair
+// (persistent only): grid (P, 2) in clusters of (1, 2, 1), P <= the pairs of tiles and half the SM
+// count (WsWork), xmap's box half a tile's tokens.
 template <int MT, int NT, bool kSplit, bool kNatural, bool kPair = false>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
                                                                       const __grid_constant__ CUtensorMap wmap,
-                                                                      const __grid_constant__ CUtensorMap xmap) {
+                                                                      const __grid_constant__ CUtensorMap xmap,
+                                                                      const __grid_constant__ CUtensorMap xtail) {
 #if defined(W4_HAS_WGMMA)
   using S = WsStage<MT, NT, kNatural>;
   extern __shared__ uint8_t smem_raw[];
@@ -870,10 +886,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     if (warp == kBatchWarps) {
       if constexpr (kSplit) {
         const int kb0 = blockIdx.y * a.kb_per_split;
-        ws_produce_split<S>(a, wmap, xmap, smem0, b, blockIdx.x, blockIdx.z, kb0,
+        ws_produce_split<S>(a, wmap, xmap, xtail, smem0, b, blockIdx.x, blockIdx.z, kb0,
                             min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);
       } else {
-        ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane);
+        ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);
       }
     }
     if constexpr (kSplit) {
@@ -929,9 +945,10 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 }
 
 struct WsVariant {
-  void (*fn[2][2])(const BatchArgs, const CUtensorMap, const CUtensorMap);  // [natural][split]
+  using Kernel = void (*)(const BatchArgs, const CUtensorMap, const CUtensorMap, const CUtensorMap);
+  Kernel fn[2][2];  // [natural][split]
   int rows, smem, tokens;
-  void (*pair)(const BatchArgs, const CUtensorMap, const CUtensorMap);  // the pairs' launch (natural order), or null
+  Kernel pair;  // the pairs' launch (natural order), or null
 };
 
 template <int MT, int NT, bool kPairs = false>
@@ -1390,12 +1407,18 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
   a.row_blocks = plan.row_blocks;
   a.sk_tiles = plan.sk_tiles;
   a.sk_blocks = plan.sk_blocks;
-  CUtensorMap wmap, xmap;
+  // the last token tile's tokens: a box of its own where M leaves it part empty (the header's xtail)
+  const int tail_tokens = static_cast<int>(M - (int64_t)(plan.m_tiles - 1) * v.tokens);
+  CUtensorMap wmap, xmap, xtail;
   err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, natural, &wmap);
   if (err == cudaSuccess) err = x_tensor_map(staged, M, cols, v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);
+  xtail = xmap;
+  if (err == cudaSuccess && v.pair == nullptr && tail_tokens < v.tokens)
+    err = x_tensor_map(staged, M, cols, tail_tokens, &xtail);
   if (err != cudaSuccess) return err;
   if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split, no stream-K)
-    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(kWsThreads), v.smem, stream, pdl, 2, a, wmap, xmap);
+    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(kWsThreads), v.smem, stream, pdl, 2, a, wmap, xmap,
+                         xtail);
   if (plan.sk_tiles > 0) {
     err = launch_kernel(zero_flags_kernel, dim3(static_cast<unsigned>((plan.sk_blocks + 255) / 256)), dim3(256), 0,
                         stream, pdl, 1, flags, plan.sk_blocks);
@@ -1404,7 +1427,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
   }
   return launch_kernel(v.fn[natural][plan.splits > 1],
                        plan.splits > 1 ? dim3(plan.row_blocks, plan.splits, plan.m_tiles) : dim3(plan.ctas),
-                       dim3(kWsThreads), v.smem, stream, pdl, plan.splits, a, wmap, xmap);
+                       dim3(kWsThreads), v.smem, stream, pdl, plan.splits, a, wmap, xmap, xtail);
 }
 
 }  // namespace w4

@@ -127,6 +127,22 @@ def test_stream_k_exact(hopper, variant, m, more, k, g, order):
                  w4_gemv.gemv_reference(x, **layer, bias=bias))
 
 
+
+# The last token tile's x box holds only its tokens (kernels/gemm_w4a16_wgmma.cu, xtail), so a
+# stage's rows past M keep whatever an earlier launch left there. A launch whose x is all NaN
+# leaves NaN in the stages of every SM it ran on; a launch after it whose last tile M leaves part
+# empty must still give the reference's bits, with split-K and without, in both k orders.
+@pytest.mark.parametrize("variant,m", [(1, 65), (2, 100), (3, 129), (4, 200), (5, 100), (5, 257)])
+@pytest.mark.parametrize("splits,order", [(1, 1), (1, 2), (3, 2)])
+def test_rows_past_m_left_from_an_earlier_launch(hopper, variant, m, splits, order):
+    k, n, g = 4224, 1032, 128
+    layer = make_layer(k, n, g, seed=variant, exact=True)
+    poison = torch.full((512, k), float("nan"), dtype=torch.float16, device=DEV)
+    assert hopper._batch(poison, **layer, splits=splits, tiles=variant, kernel=3, order=order).isnan().all()
+    x = activations(m, k, seed=m, exact=True)
+    assert_exact(hopper._batch(x, **layer, splits=splits, tiles=variant, kernel=3, order=order),
+                 w4_gemv.gemv_reference(x, **layer))
+
 def test_stream_k_random_and_deterministic(hopper):
     n = stream_k_layer_shape(5, 1000, 4096, 9)
     layer = make_layer(4096, n, 128, seed=11, exact=False)

@@ -150,17 +150,17 @@ PATCHES["w_prefetch"] = [
                : "memory");
 }
 __device__ __forceinline__ uint64_t evict_normal_policy() {"""),
-    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);""",
-     """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
+    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);""",
+     """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0 && i + S::kStages < nkb) tensor_prefetch_4d_l2(&wmap, 0, 0, kb0 + i + S::kStages, cb * (S::kRows / 8));
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""),
-    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);""",
-     """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);"""),
+    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);""",
+     """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0 && kb + S::kStages < seg.kb_hi)
         tensor_prefetch_4d_l2(&wmap, 0, 0, kb + S::kStages, seg.cb * (S::kRows / 8));
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);"""),
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);"""),
 ]
 
 # The two MMA warpgroups held within a k-block (every k-block), or two, of each other: both pass the
@@ -190,7 +190,7 @@ PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
 # k-block (constants 330 ns, atoms 150-180 ns each, its waits 200-240 ns; 8192x8192, M = 128, H200),
 # and passed each empty barrier 3.7-6 us after the MMA warps had released it (eighteenth session,
 # step 1): if its own instruction stream is the pace, split in two it is about halved.
-_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -198,12 +198,12 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, k
     const uint32_t st = smem0 + s * S::kStageBytes;
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
-      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
   }
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
@@ -211,7 +211,7 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, k
     mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
     mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
   }"""
-_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, wpolicy, lane);
+_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   const uint32_t empty = part == 0 ? b.empty_a : b.empty_b;
   for (int i = 0; i < nkb; ++i) {
@@ -221,11 +221,11 @@ _SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(empty + 8 * s, parity);
     if (part == 0) {
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+      if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     } else if (lane == 0) {
-      mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
   }
   for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
@@ -233,11 +233,11 @@ _SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem
 _PERSIST_LOOP = LOOP  # the persistent producer's ring step (ws_ablation's)
 _PERSIST_LOOP2 = """      if (i >= S::kStages) mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * s, parity);
       if (part == 0) {
-        if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-        if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+        if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+        if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       } else if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 _PERSIST_TAIL = """  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j) {
     mbar_wait(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
@@ -247,9 +247,7 @@ _PERSIST_TAIL2 = """  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; +
     mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * (j % S::kStages), (j / S::kStages) & 1);"""
 PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", _SPLIT_LOOP, _SPLIT_LOOP2),
-    ("gemm_w4a16_wgmma.cu", """int cb, int mt, int kb0, int nkb,
-                                                 int lane) {""", """int cb, int mt, int kb0, int nkb,
-                                                 int lane, int part) {"""),
+    ("gemm_w4a16_wgmma.cu", "int mt, int kb0, int nkb, int lane) {", "int mt, int kb0, int nkb, int lane, int part) {"),
     ("gemm_w4a16_wgmma.cu", _PERSIST_LOOP, _PERSIST_LOOP2),
     ("gemm_w4a16_wgmma.cu", _PERSIST_TAIL, _PERSIST_TAIL2),
     ("gemm_w4a16_wgmma.cu", "uint32_t smem0, const WsBarriers& b, int lane) {",
@@ -258,8 +256,8 @@ PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || warp == kBatchWarps + 1) {"),
     ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
      "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane, warp - kBatchWarps);"),
-    ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane);",
-     "ws_produce<S, kPair>(a, wmap, xmap, smem0, b, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);",
+     "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane, warp - kBatchWarps);"),
 ]
 # the split launches' producer only (the persistent one, at 40 registers, spills 20-60 bytes split in two)
 PATCHES["two_producers_split"] = PATCHES["two_producers"][:2] + [
@@ -278,6 +276,104 @@ PATCHES["x_padded"] = [("gemm_w4a16_wgmma.cu",
                         "x_tensor_map(staged, M, cols, v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);",
                         "x_tensor_map(staged, (M + v.tokens - 1) / v.tokens * v.tokens, cols,\n"
                         "                                            v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);")]
+
+
+# The x atoms through cp.async by the producer warpgroup's three idle warps (96 threads, 16-byte
+# chunks into the same 128-byte swizzle, tokens past M and k past the row as zeros), the tensor
+# copy engine left with the weights alone; each thread arrives on full_a / full_b once its chunks of
+# the part land (96 more arrivals a phase), and each MMA thread fences the async proxy after its
+# waits (cp.async writes through the generic proxy). Not the pairs, which keep their multicast. If
+# the copy engine's rate in box rows an SM paces the ring (eighteenth session, step 8: a producer
+# late by several k-blocks still issues one step a k-block, a second producer warp does not help,
+# and rows it only zero-fills cost it as much as rows it reads), split and persistent launches at
+# M = 64-256 run faster, most where x has the most rows a stage (128-256 tokens).
+_X_WARPS = """
+// (lab) the x atoms by cp.async: thread t of the producer warpgroup's warps 1-3
+template <typename S>
+__device__ __forceinline__ void lab_copy_x_part(const BatchArgs& a, uint32_t st, int m0, int k0, int atom, int t) {
+  for (int idx = t; idx < S::kTokens * 8; idx += 96) {
+    const int r = idx >> 3, c = idx & 7;
+    const int m = m0 + r, k = k0 + 64 * atom + 8 * c;
+    const bool ok = m < a.M && k < a.x_cols;
+    cp_async16(st + S::x_dst(r, 8 * atom + c), a.x + (ok ? (size_t)m * a.x_stride + k : 0), ok);
+  }
+}
+template <typename S>
+__device__ __forceinline__ void lab_copy_x_step(const BatchArgs& a, const WsBarriers& b, uint32_t smem0, int i, int m0,
+                                                int kb, int t) {
+  const int s = i % S::kStages;
+  const uint32_t parity = ((i / S::kStages) + 1) & 1;
+  const uint32_t st = smem0 + s * S::kStageBytes;
+  if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+  lab_copy_x_part<S>(a, st, m0, kb * 128, 0, t);
+  mbar_arrive_cp_async(b.full_a + 8 * s);
+  if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+  lab_copy_x_part<S>(a, st, m0, kb * 128, 1, t);
+  mbar_arrive_cp_async(b.full_b + 8 * s);
+}
+template <typename S, bool kSplit>
+__device__ __forceinline__ void lab_copy_x(const BatchArgs& a, const WsBarriers& b, uint32_t smem0, int t) {
+  pdl_wait();
+  int i = 0;
+  if constexpr (kSplit) {
+    const int kb0 = blockIdx.y * a.kb_per_split, nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
+    for (; i < nkb; ++i) lab_copy_x_step<S>(a, b, smem0, i, (int)blockIdx.z * S::kTokens, kb0 + i, t);
+  } else {
+    WsWork<false> work(a, false);
+    WsSegment seg;
+    while (work.next(a, seg))
+      for (int kb = seg.kb_lo; kb < seg.kb_hi; ++kb, ++i) lab_copy_x_step<S>(a, b, smem0, i, (int)seg.mt * S::kTokens, kb, t);
+  }
+  for (int j = i > S::kStages ? i - S::kStages : 0; j < i; ++j) {
+    mbar_wait(b.empty_a + 8 * (j % S::kStages), (j / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (j % S::kStages), (j / S::kStages) & 1);
+  }
+}
+
+// ---- stream-K: a tile cut between the blocks of a persistent launch ----"""
+PATCHES["x_cp_async"] = [
+    ("gemm_w4a16_wgmma.cu", "\n// ---- stream-K: a tile cut between the blocks of a persistent launch ----", _X_WARPS),
+    # the split producer: weights, scales and zeros only
+    ("gemm_w4a16_wgmma.cu", "kb0, atom, wpolicy, lane);", "kb0, 0u, wpolicy, lane);"),
+    ("gemm_w4a16_wgmma.cu", "kb0 + i, atom, wpolicy, lane);", "kb0 + i, 0u, wpolicy, lane);"),
+    ("gemm_w4a16_wgmma.cu", """    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+    }""", """    (void)x, (void)k0, (void)st, (void)xpolicy;"""),
+    ("gemm_w4a16_wgmma.cu", """  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i) {
+    mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
+    mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
+  }""", """  for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i)
+    mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);"""),
+    # the persistent producer: the same but for the pairs
+    ("gemm_w4a16_wgmma.cu", "tail(seg) ? (a.M - (int)seg.mt * S::kTokens) * 128u : kAtom; };",
+     "!kPair ? 0u : tail(seg) ? (a.M - (int)seg.mt * S::kTokens) * 128u : kAtom; };"),
+    ("gemm_w4a16_wgmma.cu", """      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
+      if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+      if (lane == 0) {""", """      if (kPair && lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
+      if (kPair && i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+      if (kPair && lane == 0) {"""),
+    # barriers: the x threads' arrivals
+    ("gemm_w4a16_wgmma.cu", """      mbar_init(b.full_a + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
+      mbar_init(b.full_b + 8 * s, 1);       // its expect_tx""",
+     """      mbar_init(b.full_a + 8 * s, 1 + 32 + (kPair ? 0 : 96));
+      mbar_init(b.full_b + 8 * s, kPair ? 1 : 96);"""),
+    # the consumer: cp.async's writes to the tensor cores
+    ("gemm_w4a16_wgmma.cu", """      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
+      const int off = s * S::kStageBytes;""", """      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);
+      fence_proxy_async_shared();
+      const int off = s * S::kStageBytes;"""),
+    # the roles
+    ("gemm_w4a16_wgmma.cu", """        ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);
+      }
+    }""", """        ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);
+      }
+    } else if constexpr (!kPair) {
+      lab_copy_x<S, kSplit>(a, b, smem0, threadIdx.x - kBatchThreads - 32);
+    }"""),
+]
 
 
 def main() -> int:

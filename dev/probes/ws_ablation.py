@@ -65,12 +65,12 @@ NOCONVERT = """        for (int j = 0; j < 4; ++j) {
         }"""
 # the persistent producer's ring step (nodata leaves split launches' own producer as it is)
 LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 # a stage past the first ring completed with no bytes (the producer's arrivals alone), at the
 # indentation of the loop it replaces: the persistent producer's or the split one's
@@ -86,39 +86,39 @@ def no_bytes(indent: int) -> str:
 """, " " * indent)
 
 
-NODATA = no_bytes(6) + """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, wpolicy, lane);
-      if (lane == 0) copy_x(st + S::kXOff, kb * 128, m0, b.full_a + 8 * s);
+NODATA = no_bytes(6) + """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (lane == 0) {
-        mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);
-        copy_x(st + S::kXOff + kAtom, kb * 128 + 64, m0, b.full_b + 8 * s);
+        mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+        copy_x(st + S::kXOff + kAtom, x, kb * 128 + 64, m0, b.full_b + 8 * s);
       }"""
 
 SPLIT_LOOP = """    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);"""
-NODATA_SPLIT = no_bytes(4) + """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);"""
+NODATA_SPLIT = no_bytes(4) + """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);"""
 
 SZ_LOOP = """    if (slot < a.run_slots) {
       const int n0 = cb * S::kRows + 8 * c;"""
 NOSZ = """    if (slot < a.run_slots && i < S::kStages) {
       const int n0 = cb * S::kRows + 8 * c;"""
-XA = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);"""
-NOXA = """    mbar_arrive_expect_tx(full, (i < S::kStages ? S::kTokens * 128 : 0) + kTiles8 * 512);"""
-XA3 = """tensor_copy_2d_g2s(st + S::kXOff, &xmap,"""
-NOXA3 = """if (i < S::kStages) tensor_copy_2d_g2s(st + S::kXOff, &xmap,"""
-XB = """mbar_arrive_expect_tx(b.full_b + 8 * s, kAtom);"""
-NOXB = """mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? kAtom : 0);"""
+XA = """    mbar_arrive_expect_tx(full, atom + kTiles8 * 512);"""
+NOXA = """    mbar_arrive_expect_tx(full, (i < S::kStages ? atom : 0) + kTiles8 * 512);"""
+XA3 = """tensor_copy_2d_g2s(st + S::kXOff, x,"""
+NOXA3 = """if (i < S::kStages) tensor_copy_2d_g2s(st + S::kXOff, x,"""
+XB = """mbar_arrive_expect_tx(b.full_b + 8 * s, atom);"""
+NOXB = """mbar_arrive_expect_tx(b.full_b + 8 * s, i < S::kStages ? atom : 0);"""
 XB2 = """tensor_copy_2d_g2s(st + S::kXOff + kAtom,"""
 NOXB2 = """if (i < S::kStages) tensor_copy_2d_g2s(st + S::kXOff + kAtom,"""
 XP = """if (lane == 0) copy_x(st + S::kXOff,"""  # the persistent producer's
 NOXP = """if (lane == 0 && i < S::kStages) copy_x(st + S::kXOff,"""
 XP2 = """copy_x(st + S::kXOff + kAtom,"""
 NOXP2 = """if (i < S::kStages) copy_x(st + S::kXOff + kAtom,"""
-W = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + kTiles8 * 512);
+W = """    mbar_arrive_expect_tx(full, atom + kTiles8 * 512);
     tensor_copy_4d_g2s("""
-NOW = """    mbar_arrive_expect_tx(full, S::kTokens * 128 + (i < S::kStages ? kTiles8 * 512 : 0));
+NOW = """    mbar_arrive_expect_tx(full, atom + (i < S::kStages ? kTiles8 * 512 : 0));
     if (i < S::kStages) tensor_copy_4d_g2s("""
 SPLIT = """      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
 """
@@ -128,10 +128,10 @@ NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRo
 
 # the pairs (variant 6): each block copying its whole x atoms itself, no multicast (the stages still
 # released on both blocks' barriers); and that with each block's barriers its own alone (no coupling)
-MC = """tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), &xmap, k0, m0 + rank * (S::kTokens / 2), bar);"""
+MC = """tensor_copy_2d_g2s_multicast<0x3>(dst + rank * (kAtom / 2), x, k0, m0 + rank * (S::kTokens / 2), bar);"""
 NOMC = """(void)rank;
-      tensor_copy_2d_g2s(dst, &xmap, k0, m0, bar, xpolicy);
-      tensor_copy_2d_g2s(dst + kAtom / 2, &xmap, k0, m0 + S::kTokens / 2, bar, xpolicy);"""
+      tensor_copy_2d_g2s(dst, x, k0, m0, bar, xpolicy);
+      tensor_copy_2d_g2s(dst + kAtom / 2, x, k0, m0 + S::kTokens / 2, bar, xpolicy);"""
 PAIR_RELEASE = """    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);"""
 OWN_RELEASE = ""
 PAIR_COUNT = "kBatchThreads + (kPair ? kBatchWarps : 0)"

@@ -161,14 +161,14 @@ KB_PATCHES = [
      "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n"),
     (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
      "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (threadIdx.x == 0) w4_kstamp(i, 3);\n"),
-    (KERNEL, "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);\n",
-     "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, wpolicy, lane);\n"
+    (KERNEL, "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);\n",
+     "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);\n"
      "    if (lane == 0) w4_kstamp(i, 4);\n"),
-    (KERNEL, "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);\n",
-     "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, &xmap, k0, m0, b.full_a + 8 * s, xpolicy);\n"
+    (KERNEL, "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);\n",
+     "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);\n"
      "    if (lane == 0) w4_kstamp(i, 5);\n"),
-    (KERNEL, "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n    }\n",
-     "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, &xmap, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n"
+    (KERNEL, "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n    }\n",
+     "      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);\n"
      "      w4_kstamp(i, 6);\n    }\n"),
 ] + accessor_patches("w4_ktrace", "ktrace", 4)
 
