@@ -449,8 +449,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
 // fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
 // boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, k past the row
-// zero-filled; weights: one box a stage, swizzled too in the natural order) and
-// cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
+// zero-filled; weights: one box a stage, swizzled too in the natural order) and the bulk copy
+// engine or cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
 // (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
 // flight across stage boundaries.
 // Three launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
@@ -600,9 +600,9 @@ struct WsWork {
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
 // expects its bytes on full_a and starts one tensor copy of the block's 8-row weight tiles at this
 // k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
-// rows past N zero-filled) and the copy of the x tile's first atom (one box of `xmap`); every lane
-// copies its scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals
-// a phase). Once part B is released, lane 0 copies the second atom, expecting it on full_b. The
+// rows past N zero-filled) and the copy of the x tile's first atom (one box of `xmap`); the scales
+// and zeros go as two bulk copies from lane 0 (kBulk, below) or as every lane's cp.async chunks,
+// each lane arriving on full_a when its chunks land (33 arrivals a phase either way). Once part B is released, lane 0 copies the second atom, expecting it on full_b. The
 // first stage's weights, scales and zeros go out before pdl_wait (with PDL, while the kernel
 // before still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
 // nanosecond, so every stage's weights queued ahead of the first activations could hold those back
@@ -612,8 +612,8 @@ struct WsWork {
 // all lie inside N copies each stage's scales and zeros, two contiguous runs (R fp16 scales, R / 8
 // zero words), with the bulk copy engine from lane 0, instead of 32 lanes' cp.async and arrivals:
 // at M = 64-128, where the split launches wait on a producer that issues about one stage a
-// k-block, leaving those copies out made them 2-8% faster, far more than their bytes (H200,
-// dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 and the tensors' bases
+// k-block, leaving those copies out made them 2-8% faster, far more than their bytes, and the bulk
+// copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 and the tensors' bases
 // aligned (checked: the caller may pass views). Decided once a launch, so that each producer loop
 // is compiled for one way only (both in one loop spilled at the producer's 40 registers).
 template <typename S>
