@@ -449,8 +449,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
 // fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
 // boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, k past the row
-// zero-filled; weights: one box a stage, swizzled too in the natural order) and
-// cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
+// zero-filled; weights: one box a stage, swizzled too in the natural order) and the bulk copy
+// engine or cp.async (scales, zeros) on mbarriers, each stage in two parts filled and freed apart
 // (WsBarriers; no block barrier in the loop), while the MMA warps keep the last word's wgmmas in
 // flight across stage boundaries.
 // Three launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
@@ -600,23 +600,48 @@ struct WsWork {
 // The producer warp: per k-block, once the MMA warps have released part A of the stage, lane 0
 // expects its bytes on full_a and starts one tensor copy of the block's 8-row weight tiles at this
 // k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
-// rows past N zero-filled) and the copy of the x tile's first atom (one box of `xmap`); every lane
-// copies its scale and zero chunks with cp.async and arrives on full_a when they land (33 arrivals
-// a phase). Once part B is released, lane 0 copies the second atom, expecting it on full_b. The
+// rows past N zero-filled) and the copy of the x tile's first atom (one box of `xmap`); the scales
+// and zeros go as two bulk copies from lane 0 (kBulk, below) or as every lane's cp.async chunks,
+// each lane arriving on full_a when its chunks land (33 arrivals a phase either way). Once part B is released, lane 0 copies the second atom, expecting it on full_b. The
 // first stage's weights, scales and zeros go out before pdl_wait (with PDL, while the kernel
 // before still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
 // nanosecond, so every stage's weights queued ahead of the first activations could hold those back
 // by microseconds.
 //
+// kBulk: a launch whose stages have one scale and zero a row (run_slots == 1) and whose row blocks
+// all lie inside N copies each stage's scales and zeros, two contiguous runs (R fp16 scales, R / 8
+// zero words), with the bulk copy engine from lane 0, instead of 32 lanes' cp.async and arrivals:
+// at M = 64-128, where the split launches wait on a producer that issues about one stage a
+// k-block, leaving those copies out made them 2-8% faster, far more than their bytes, and the bulk
+// copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 and the tensors' bases
+// aligned (checked: the caller may pass views). Decided once a launch, so that each producer loop
+// is compiled for one way only (both in one loop spilled at the producer's 40 registers).
+template <typename S>
+__device__ __forceinline__ bool ws_bulk_constants(const BatchArgs& a) {
+  return a.run_slots == 1 && a.N % S::kRows == 0 && (a.N & 31) == 0 &&
+         ((reinterpret_cast<uintptr_t>(a.scales) | reinterpret_cast<uintptr_t>(a.qzeros)) & 15) == 0;
+}
+
 // Stage i's part A but its x atom, for k-block kb of row block cb: the expected bytes (x atom of
 // `atom` bytes included), the weights, scales and zeros.
-template <typename S>
+template <typename S, bool kBulk>
 __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUtensorMap& wmap, uint32_t smem0,
                                                   const WsBarriers& b, int i, int cb, int kb, uint32_t atom,
                                                   uint64_t wpolicy, int lane) {
   constexpr int kTiles8 = S::kRows / 8;
   const uint32_t full = b.full_a + 8 * (i % S::kStages);
   const uint32_t st = smem0 + (i % S::kStages) * S::kStageBytes;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      const int grp = group_of_run(4u * kb, a);
+      mbar_arrive_expect_tx(full, atom + kTiles8 * 512 + S::kRows * 2 + kTiles8 * 4);
+      tensor_copy_4d_g2s(st + S::kWOff, &wmap, 0, 0, kb, cb * kTiles8, full, wpolicy);
+      bulk_copy_g2s(st + S::kSOff, a.scales + (size_t)grp * a.N + cb * S::kRows, S::kRows * 2, full);
+      bulk_copy_g2s(st + S::kZOff, a.qzeros + (size_t)grp * (a.N >> 3) + cb * kTiles8, kTiles8 * 4, full);
+      mbar_arrive_n(full, 32);  // the lanes' arrivals, which have no copies of their own to wait for
+    }
+    return;
+  }
   if (lane == 0) {
     mbar_arrive_expect_tx(full, atom + kTiles8 * 512);
     tensor_copy_4d_g2s(st + S::kWOff, &wmap, 0, 0, kb, cb * kTiles8, full, wpolicy);
@@ -644,7 +669,7 @@ __device__ __forceinline__ void ws_copy_constants(const BatchArgs& a, const CUte
 // kernel's producer compiled to half as many instructions again, its cp.async arrival in a
 // waterfall loop (the barrier no longer provably the same in every lane), and the kernel ran
 // 11-17% slower at M = 64, where it is bound by memory (H100, same-run builds, dev/LOG.md).
-template <typename S>
+template <typename S, bool kBulk>
 __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
                                                  const CUtensorMap& xtail, uint32_t smem0, const WsBarriers& b, int cb,
                                                  int mt, int kb0, int nkb, int lane) {
@@ -655,7 +680,7 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
   const bool tail = mt == a.m_tiles - 1;  // (xtail is xmap where M fills the last tile)
   const CUtensorMap* x = tail ? &xtail : &xmap;
   const uint32_t atom = tail ? (a.M - m0) * 128u : kAtom;  // bytes the x box brings
-  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
+  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -663,7 +688,7 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
     const uint32_t st = smem0 + s * S::kStageBytes;
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
@@ -682,7 +707,7 @@ __device__ __forceinline__ void ws_produce_split(const BatchArgs& a, const CUten
 // both blocks' stage (multicast; each block's full barrier expects the whole atom), and refills a
 // stage only once both blocks have released it (their MMA warps arrive on both blocks' barriers:
 // release_stage).
-template <typename S, bool kPair = false>
+template <typename S, bool kPair, bool kBulk>
 __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap& wmap, const CUtensorMap& xmap,
                                            const CUtensorMap& xtail, uint32_t smem0, const WsBarriers& b, int lane) {
   constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile (its place in the stage)
@@ -703,7 +728,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
   bool more = work.next(a, seg);
   // bytes the x box of a segment's tile brings
   auto atom_of = [&](const WsSegment& seg) { return tail(seg) ? (a.M - (int)seg.mt * S::kTokens) * 128u : kAtom; };
-  if (more) ws_copy_constants<S>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, atom_of(seg), wpolicy, lane);
+  if (more) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, atom_of(seg), wpolicy, lane);
   pdl_wait();
   int i = 0;  // steps into the ring
   for (; more; more = work.next(a, seg)) {
@@ -715,7 +740,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       const uint32_t parity = ((i / S::kStages) + 1) & 1;
       const uint32_t st = smem0 + s * S::kStageBytes;
       if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
@@ -884,12 +909,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kWsProducerRegs>();
     if (warp == kBatchWarps) {
+      const bool bulk = ws_bulk_constants<S>(a);
       if constexpr (kSplit) {
-        const int kb0 = blockIdx.y * a.kb_per_split;
-        ws_produce_split<S>(a, wmap, xmap, xtail, smem0, b, blockIdx.x, blockIdx.z, kb0,
-                            min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);
+        const int kb0 = blockIdx.y * a.kb_per_split, nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
+        if (bulk) {
+          ws_produce_split<S, true>(a, wmap, xmap, xtail, smem0, b, blockIdx.x, blockIdx.z, kb0, nkb, lane);
+        } else {
+          ws_produce_split<S, false>(a, wmap, xmap, xtail, smem0, b, blockIdx.x, blockIdx.z, kb0, nkb, lane);
+        }
+      } else if (bulk) {
+        ws_produce<S, kPair, true>(a, wmap, xmap, xtail, smem0, b, lane);
       } else {
-        ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);
+        ws_produce<S, kPair, false>(a, wmap, xmap, xtail, smem0, b, lane);
       }
     }
     if constexpr (kSplit) {

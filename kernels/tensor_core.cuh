@@ -167,6 +167,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+// `count` arrivals at once (one thread standing for others that have nothing to wait for).
+__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// `bytes` contiguous bytes global -> shared through the bulk copy engine, completing on `bar` (both
+// addresses 16-byte aligned, bytes a multiple of 16).
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 // One box of a tensor map (a 2-D or 4-D tile, coordinates innermost first) global -> shared through
 // the tensor copy engine, completing on `bar` with the whole box's bytes (elements outside the
 // tensor arrive as zeros); `map` is the generic address of a __grid_constant__ CUtensorMap.

@@ -127,7 +127,6 @@ def test_stream_k_exact(hopper, variant, m, more, k, g, order):
                  w4_gemv.gemv_reference(x, **layer, bias=bias))
 
 
-
 # The last token tile's x box holds only its tokens (kernels/gemm_w4a16_wgmma.cu, xtail), so a
 # stage's rows past M keep whatever an earlier launch left there. A launch whose x is all NaN
 # leaves NaN in the stages of every SM it ran on; a launch after it whose last tile M leaves part
@@ -142,6 +141,33 @@ def test_rows_past_m_left_from_an_earlier_launch(hopper, variant, m, splits, ord
     x = activations(m, k, seed=m, exact=True)
     assert_exact(hopper._batch(x, **layer, splits=splits, tiles=variant, kernel=3, order=order),
                  w4_gemv.gemv_reference(x, **layer))
+
+
+def offset_by_one_word(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a contiguous view 4 bytes past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 4, dtype=t.dtype, device=t.device)
+    view = flat[1 : 1 + t.numel()].view_as(t)
+    view.copy_(t)
+    return view
+
+
+# Where every row block lies inside N and a stage has one scale and zero a row, the producer copies
+# a stage's scales and zeros with the bulk copy engine (kernels/gemm_w4a16_wgmma.cu,
+# ws_bulk_constants); with qzeros 4 bytes off a 16-byte boundary (a view), by its 32 lanes'
+# cp.async instead. Both ways give the reference's bits, split-K and persistent, both k orders,
+# the pairs too.
+@pytest.mark.parametrize("variant,splits,order", [(v, s, o) for v in (1, 2, 3, 4, 5) for s in (1, 3) for o in (1, 2)]
+                         + [(6, 1, 2)])
+def test_scales_and_zeros_by_bulk_copy_or_by_lanes(hopper, variant, splits, order):
+    k, n, g, m = 4224, 1024, 128, 300
+    layer = make_layer(k, n, g, seed=variant, exact=True)
+    x = activations(m, k, seed=m, exact=True)
+    want = w4_gemv.gemv_reference(x, **layer)
+    assert_exact(hopper._batch(x, **layer, splits=splits, tiles=variant, kernel=3, order=order), want)
+    lanes = dict(layer, qzeros=offset_by_one_word(layer["qzeros"]))
+    assert lanes["qzeros"].data_ptr() % 16 == 4
+    assert_exact(hopper._batch(x, **lanes, splits=splits, tiles=variant, kernel=3, order=order), want)
+
 
 def test_stream_k_random_and_deterministic(hopper):
     n = stream_k_layer_shape(5, 1000, 4096, 9)

@@ -7,7 +7,7 @@ misaligned accesses, uninitialised reads) without the test harness around it:
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py 1 3 5   (those kernel-3 variants only)
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py kernels=2,3 splits=1 m=17,100,300
 
-kernels=, splits=, m=, orders= narrow the sweep (racecheck runs each launch hundreds of times slower).
+kernels=, splits=, m=, orders=, shapes= (indices into the list below) narrow the sweep (racecheck runs each launch hundreds of times slower).
 
 Checks each output against the reference too, so a run that the tool lets through still fails
 loudly on a wrong result.
@@ -32,8 +32,10 @@ order_set = [int(v) for v in narrow.get("orders", "1,2").split(",")]  # the wgmm
 bad = 0
 # the last shape has more than 132 tiles of 128 rows: the warp-specialised kernel's stream-K cuts;
 # the one before, few tiles over 33 k-blocks: stream-K over every SM at splits=1 (variants 1-4)
-for k, n, g in [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32),
-                (4224, 1032, 128), (256, 17912, 128)]:
+# (1152, 1024, 128): every row block inside N, one scale and zero a row: the bulk-copied constants
+shapes = [(200, 56, 200), (4160, 40, 4160), (1152, 2056, 128), (2304, 136, 64), (384, 264, 32),
+          (4224, 1032, 128), (256, 17912, 128), (1152, 1024, 128)]
+for k, n, g in [shapes[int(i)] for i in narrow["shapes"].split(",")] if "shapes" in narrow else shapes:
     layer = w4_gemv.repack_from_awq(*(t.cuda() for t in awq_gemm.random_layer(k, n, g, gen)))
     weight = w4_gemv.dequantize(**layer, dtype=torch.float16).cpu()
     for m in m_set:

@@ -150,14 +150,14 @@ PATCHES["w_prefetch"] = [
                : "memory");
 }
 __device__ __forceinline__ uint64_t evict_normal_policy() {"""),
-    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    ("gemm_w4a16_wgmma.cu", """    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);""",
-     """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+     """    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0 && i + S::kStages < nkb) tensor_prefetch_4d_l2(&wmap, 0, 0, kb0 + i + S::kStages, cb * (S::kRows / 8));
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);"""),
-    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+    ("gemm_w4a16_wgmma.cu", """      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);""",
-     """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+     """      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0 && kb + S::kStages < seg.kb_hi)
         tensor_prefetch_4d_l2(&wmap, 0, 0, kb + S::kStages, seg.cb * (S::kRows / 8));
       if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);"""),
@@ -190,7 +190,7 @@ PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
 # k-block (constants 330 ns, atoms 150-180 ns each, its waits 200-240 ns; 8192x8192, M = 128, H200),
 # and passed each empty barrier 3.7-6 us after the MMA warps had released it (eighteenth session,
 # step 1): if its own instruction stream is the pace, split in two it is about halved.
-_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
+_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -198,7 +198,7 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, k
     const uint32_t st = smem0 + s * S::kStageBytes;
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
     if (lane == 0) {
@@ -211,7 +211,7 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, k
     mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
     mbar_wait(b.empty_b + 8 * (i % S::kStages), (i / S::kStages) & 1);
   }"""
-_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
+_SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   const uint32_t empty = part == 0 ? b.empty_a : b.empty_b;
   for (int i = 0; i < nkb; ++i) {
@@ -221,7 +221,7 @@ _SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem
     const int k0 = (kb0 + i) * 128;
     if (i >= S::kStages) mbar_wait(empty + 8 * s, parity);
     if (part == 0) {
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
       if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     } else if (lane == 0) {
       mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
@@ -233,7 +233,7 @@ _SPLIT_LOOP2 = """  if (nkb > 0 && part == 0) ws_copy_constants<S>(a, wmap, smem
 _PERSIST_LOOP = LOOP  # the persistent producer's ring step (ws_ablation's)
 _PERSIST_LOOP2 = """      if (i >= S::kStages) mbar_wait((part == 0 ? b.empty_a : b.empty_b) + 8 * s, parity);
       if (part == 0) {
-        if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+        if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
         if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       } else if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
@@ -252,18 +252,15 @@ PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", _PERSIST_TAIL, _PERSIST_TAIL2),
     ("gemm_w4a16_wgmma.cu", "uint32_t smem0, const WsBarriers& b, int lane) {",
      "uint32_t smem0, const WsBarriers& b, int lane, int part) {"),
-    ("gemm_w4a16_wgmma.cu", "  if (more) ws_copy_constants<S>(", "  if (more && part == 0) ws_copy_constants<S>("),
+    ("gemm_w4a16_wgmma.cu", "  if (more) ws_copy_constants<S, kBulk>(", "  if (more && part == 0) ws_copy_constants<S, kBulk>("),
     ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || warp == kBatchWarps + 1) {"),
-    ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
-     "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane, warp - kBatchWarps);"),
-    ("gemm_w4a16_wgmma.cu", "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);",
-     "ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "blockIdx.z, kb0, nkb, lane);", "blockIdx.z, kb0, nkb, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "(a, wmap, xmap, xtail, smem0, b, lane);", "(a, wmap, xmap, xtail, smem0, b, lane, warp - kBatchWarps);"),
 ]
 # the split launches' producer only (the persistent one, at 40 registers, spills 20-60 bytes split in two)
 PATCHES["two_producers_split"] = PATCHES["two_producers"][:2] + [
     ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || (kSplit && warp == kBatchWarps + 1)) {"),
-    ("gemm_w4a16_wgmma.cu", "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane);",
-     "min(a.kblocks, kb0 + a.kb_per_split) - kb0, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "blockIdx.z, kb0, nkb, lane);", "blockIdx.z, kb0, nkb, lane, warp - kBatchWarps);"),
 ]
 
 
@@ -366,9 +363,9 @@ PATCHES["x_cp_async"] = [
       fence_proxy_async_shared();
       const int off = s * S::kStageBytes;"""),
     # the roles
-    ("gemm_w4a16_wgmma.cu", """        ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);
+    ("gemm_w4a16_wgmma.cu", """        ws_produce<S, kPair, false>(a, wmap, xmap, xtail, smem0, b, lane);
       }
-    }""", """        ws_produce<S, kPair>(a, wmap, xmap, xtail, smem0, b, lane);
+    }""", """        ws_produce<S, kPair, false>(a, wmap, xmap, xtail, smem0, b, lane);
       }
     } else if constexpr (!kPair) {
       lab_copy_x<S, kSplit>(a, b, smem0, threadIdx.x - kBatchThreads - 32);

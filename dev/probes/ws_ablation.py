@@ -65,7 +65,7 @@ NOCONVERT = """        for (int j = 0; j < 4; ++j) {
         }"""
 # the persistent producer's ring step (nodata leaves split launches' own producer as it is)
 LOOP = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
       if (lane == 0) {
@@ -86,7 +86,7 @@ def no_bytes(indent: int) -> str:
 """, " " * indent)
 
 
-NODATA = no_bytes(6) + """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+NODATA = no_bytes(6) + """      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
       if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);
       if (lane == 0) {
         mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
@@ -94,10 +94,10 @@ NODATA = no_bytes(6) + """      if (i > 0) ws_copy_constants<S>(a, wmap, smem0, 
       }"""
 
 SPLIT_LOOP = """    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
     if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);"""
-NODATA_SPLIT = no_bytes(4) + """    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+NODATA_SPLIT = no_bytes(4) + """    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
     if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);"""
 
 SZ_LOOP = """    if (slot < a.run_slots) {

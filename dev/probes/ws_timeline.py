@@ -161,8 +161,8 @@ KB_PATCHES = [
      "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n"),
     (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
      "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n      if (threadIdx.x == 0) w4_kstamp(i, 3);\n"),
-    (KERNEL, "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);\n",
-     "    if (i > 0) ws_copy_constants<S>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);\n"
+    (KERNEL, "    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);\n",
+     "    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);\n"
      "    if (lane == 0) w4_kstamp(i, 4);\n"),
     (KERNEL, "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);\n",
      "    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);\n"
