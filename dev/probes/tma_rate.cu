@@ -11,8 +11,9 @@
 // order's whole 512-byte rows, from a 553 MB buffer so that they come from DRAM: block b reads row
 // block b over consecutive k-blocks, none twice in a launch), and x as two 64-k atoms of T tokens
 // (128-byte swizzle, from a 4 MB fp16 [256, 8192] buffer that stays in L2; every block reads the
-// same tokens, as the row blocks of one token tile do). With `map_rows` < T the x map holds fewer rows than the box (the rows past
-// it arrive as zeros, as a part-empty token tile's did before the tail box).
+// same tokens, as the row blocks of one token tile do). With `map_rows` < T the x map holds fewer
+// rows than the box (the rows past it arrive as zeros, as a part-empty token tile's did before the
+// tail box). Results: dev/LOG.md, nineteenth session, step 4.
 // Per configuration, over 8 launches after one warm-up: the median block's bytes a nanosecond
 // (global timer, first issue to last landing), the sum over blocks against the launch's span, and
 // the mean clock cycles one copy's issue takes (lane 0's clock around each cp.async.bulk.tensor).
@@ -70,7 +71,8 @@ __global__ void __launch_bounds__(32, 1) tma_ring(const __grid_constant__ CUtens
     if (i >= p.stages) w4::mbar_wait(bar, ((i / p.stages) - 1) & 1);
     w4::mbar_arrive_expect_tx(bar, x_bytes + w_bytes);
     const long long c0 = clock64();
-    if (p.tiles8 > 0) w4::tensor_copy_4d_g2s(st + x_bytes, &wmap, 0, 0, i % kWKblocks, blockIdx.x * p.tiles8, bar, policy);
+    if (p.tiles8 > 0)
+      w4::tensor_copy_4d_g2s(st + x_bytes, &wmap, 0, 0, i % kWKblocks, blockIdx.x * p.tiles8, bar, policy);
     if (p.tokens > 0) {
       const int k0 = (i % (kXCols / 128)) * 128;
       w4::tensor_copy_2d_g2s(st, &xmap, k0, 0, bar, policy);
