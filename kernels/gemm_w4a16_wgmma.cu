@@ -602,20 +602,21 @@ struct WsWork {
 // k-block (R / 8 tiles of 512 B, kblocks x 512 B apart in the w4-gemv layout: one box of `wmap`,
 // rows past N zero-filled) and the copy of the x tile's first atom (one box of `xmap`); the scales
 // and zeros go as two bulk copies from lane 0 (kBulk, below) or as every lane's cp.async chunks,
-// each lane arriving on full_a when its chunks land (33 arrivals a phase either way). Once part B is released, lane 0 copies the second atom, expecting it on full_b. The
-// first stage's weights, scales and zeros go out before pdl_wait (with PDL, while the kernel
-// before still runs); only the first's: an SM's share of the memory bandwidth is about 23 bytes a
-// nanosecond, so every stage's weights queued ahead of the first activations could hold those back
-// by microseconds.
+// each lane arriving on full_a when its chunks land (33 arrivals a phase either way). Once part B
+// is released, lane 0 copies the second atom, expecting it on full_b. The first stage's weights,
+// scales and zeros go out before pdl_wait (with PDL, while the kernel before still runs); only the
+// first's: an SM's share of the memory bandwidth is about 23 bytes a nanosecond, so every stage's
+// weights queued ahead of the first activations could hold those back by microseconds.
 //
 // kBulk: a launch whose stages have one scale and zero a row (run_slots == 1) and whose row blocks
 // all lie inside N copies each stage's scales and zeros, two contiguous runs (R fp16 scales, R / 8
 // zero words), with the bulk copy engine from lane 0, instead of 32 lanes' cp.async and arrivals:
 // at M = 64-128, where the split launches wait on a producer that issues about one stage a
 // k-block, leaving those copies out made them 2-8% faster, far more than their bytes, and the bulk
-// copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 and the tensors' bases
-// aligned (checked: the caller may pass views). Decided once a launch, so that each producer loop
-// is compiled for one way only (both in one loop spilled at the producer's 40 registers).
+// copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 and the
+// tensors' bases aligned (checked: the caller may pass views). Decided once a launch, so that each
+// producer loop is compiled for one way only (both in one loop spilled at the producer's 40
+// registers).
 template <typename S>
 __device__ __forceinline__ bool ws_bulk_constants(const BatchArgs& a) {
   return a.run_slots == 1 && a.N % S::kRows == 0 && (a.N & 31) == 0 &&

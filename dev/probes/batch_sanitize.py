@@ -7,7 +7,8 @@ misaligned accesses, uninitialised reads) without the test harness around it:
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py 1 3 5   (those kernel-3 variants only)
     compute-sanitizer --tool racecheck python3 dev/probes/batch_sanitize.py kernels=2,3 splits=1 m=17,100,300
 
-kernels=, splits=, m=, orders=, shapes= (indices into the list below) narrow the sweep (racecheck runs each launch hundreds of times slower).
+kernels=, splits=, m=, orders=, shapes= (indices into the list below) narrow the sweep (racecheck
+runs each launch hundreds of times slower).
 
 Checks each output against the reference too, so a run that the tool lets through still fails
 loudly on a wrong result.
