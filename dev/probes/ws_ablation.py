@@ -18,6 +18,9 @@ build, the one the tests ran, with no second compile):
     nodata_split  the same for split-K launches' producer
     mma_only   noconvert and nodata together: the wgmma stream and its barriers alone
     nosz       no scale and zero copies (cp.async) after the first stages
+    nomma      the MMA warps wait for each stage and release it with no conversion and no wgmma:
+               the ring inside the kernel, fed by its own producer (dev/probes/tma_rate.cu feeds it
+               from a bare one)
     nox        no activation copies after the first stages
     now        no weight copies after the first stages
     noreduce   split-K: the partial tiles left in shared memory and the cluster's barriers passed,
@@ -137,6 +140,15 @@ OWN_RELEASE = ""
 PAIR_COUNT = "kBatchThreads + (kPair ? kBatchWarps : 0)"
 OWN_COUNT = "kBatchThreads"
 
+# the MMA warps' loop with no work: each waits for a stage and releases its parts where wgmma_stage
+# would, so the ring runs at what the producer and the copies give it inside the real kernel
+STAGE = """      wgmma_stage<S, NT, kNatural, false, kPair>(smem + off, smem0 + off, warp >> 2, warp & 3, lane, slot, acc,
+                                          kb > seg.kb_lo ? b.empty_b + 8 * ((i - 1) % S::kStages) : 0u,
+                                          kSplit || kb + 1 < seg.kb_hi ? b.empty_a + 8 * s : 0u);"""
+NOSTAGE = """      (void)off;
+      if (kb > seg.kb_lo) release_stage<kPair>(b.empty_b + 8 * ((i - 1) % S::kStages), lane);
+      if (kSplit || kb + 1 < seg.kb_hi) release_stage<kPair>(b.empty_a + 8 * s, lane);"""
+
 V2_LOAD = "  load_chunks(kNatural ? 0 : lane & 3);"
 V2_LOAD_NEW = "  load_chunks(lane & 3);"
 V2_CONVERT = "      if constexpr (kNatural) {"
@@ -156,6 +168,7 @@ BUILDS = {  # name: [(file, old, new)]
     "nodata_split": [(KERNEL, SPLIT_LOOP, NODATA_SPLIT)],
     "mma_only": [(KERNEL, CONVERT, NOCONVERT), (KERNEL, LOOP, NODATA)],
     "nosz": [(KERNEL, SZ_LOOP, NOSZ)],
+    "nomma": [(KERNEL, STAGE, NOSTAGE)],
     "nox": NOX,
     "now": [(KERNEL, W, NOW)],
     "noreduce": [(KERNEL, SPLIT, NOREDUCE)],
