@@ -373,6 +373,107 @@ PATCHES["x_cp_async"] = [
 ]
 
 
+
+# Both 64-k atoms of a full token tile's x as one box of a 3-D map over x ([atoms][tokens][64 k]
+# with the 128-byte swizzle, the stage's own layout: dims 64 k, M rows, K / 64 atoms, strides of a
+# row and of 128 bytes), on part A's barrier, part B's completed by a plain arrival once both parts
+# are free; the last token tile where M leaves it part empty, and the pairs, as before. One copy
+# fewer a stage for the producer (and part A no longer refilled before part B is released). If the
+# producer's own issue paces the split launches at M = 64-128 (dev/LOG.md, nineteenth session, step
+# 8), they run faster by about the share of a stage's issues it saves (a fifth); else within 2% or
+# slower (part A waits half a k-block longer for its refill). Lab only: needs K a multiple of 64 in
+# the natural order (true of every layer compare_builds times).
+_ONE_BOX_HOST = """cudaError_t x_tensor_map(const void* x, int64_t M, int64_t cols, int tokens, CUtensorMap* map) {"""
+_ONE_BOX_HOST_NEW = """cudaError_t lab_x_one_box_map(const void* x, int64_t M, int64_t cols, int tokens, CUtensorMap* map) {
+  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(cols / 64)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 2, 128};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(tokens), 2};
+  return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, x, dims, strides, box, true, map);
+}
+""" + _ONE_BOX_HOST
+_ONE_BOX_COPY = """__device__ __forceinline__ void tensor_copy_4d_g2s("""
+_ONE_BOX_COPY_NEW = """__device__ __forceinline__ void tensor_copy_3d_g2s(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\\n" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+      : "memory");
+}
+""" + _ONE_BOX_COPY
+_ONE_BOX_SPLIT = """  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
+  pdl_wait();
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const int k0 = (kb0 + i) * 128;
+    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+    }
+  }"""
+_ONE_BOX_SPLIT_NEW = """  const bool whole = atom == kAtom;  // (xtail is then xmap, one box of both atoms)
+  const uint32_t part_a = whole ? 2 * atom : atom;
+  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, part_a, wpolicy, lane);
+  pdl_wait();
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S::kStages;
+    const uint32_t parity = ((i / S::kStages) + 1) & 1;
+    const uint32_t st = smem0 + s * S::kStageBytes;
+    const int k0 = (kb0 + i) * 128;
+    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+    if (whole && i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, part_a, wpolicy, lane);
+    if (whole) {
+      if (lane == 0) {
+        tensor_copy_3d_g2s(st + S::kXOff, x, 0, m0, k0 / 64, b.full_a + 8 * s, xpolicy);
+        mbar_arrive(b.full_b + 8 * s);
+      }
+      continue;
+    }
+    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
+    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
+      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
+    }
+  }"""
+_ONE_BOX_PERSIST_FIRST = """  if (more) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, atom_of(seg), wpolicy, lane);"""
+_ONE_BOX_PERSIST_FIRST_NEW = """  auto one = [&](const WsSegment& seg) { return !kPair && atom_of(seg) == kAtom; };  // (xtail is then xmap)
+  if (more)
+    ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, seg.cb, seg.kb_lo, (one(seg) ? 2 : 1) * atom_of(seg), wpolicy,
+                                lane);"""
+_ONE_BOX_PERSIST = """      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, atom, wpolicy, lane);
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);"""
+_ONE_BOX_PERSIST_NEW = """      const bool whole = one(seg);
+      if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
+      if (whole && i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
+      if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, seg.cb, kb, (whole ? 2 : 1) * atom, wpolicy, lane);
+      if (whole) {
+        if (lane == 0) {
+          tensor_copy_3d_g2s(st + S::kXOff, x, 0, m0, 2 * kb, b.full_a + 8 * s, xpolicy);
+          mbar_arrive(b.full_b + 8 * s);
+        }
+        continue;
+      }
+      if (lane == 0) copy_x(st + S::kXOff, x, kb * 128, m0, b.full_a + 8 * s);"""
+_ONE_BOX_MAP = """  if (err == cudaSuccess) err = x_tensor_map(staged, M, cols, v.pair != nullptr ? v.tokens / 2 : v.tokens, &xmap);"""
+_ONE_BOX_MAP_NEW = """  if (err == cudaSuccess)
+    err = v.pair != nullptr ? x_tensor_map(staged, M, cols, v.tokens / 2, &xmap) : lab_x_one_box_map(staged, M, cols, v.tokens, &xmap);"""
+PATCHES["x_one_box"] = [
+    ("tensor_core.cuh", _ONE_BOX_COPY, _ONE_BOX_COPY_NEW),
+    ("gemm_w4a16_wgmma.cu", _ONE_BOX_HOST, _ONE_BOX_HOST_NEW),
+    ("gemm_w4a16_wgmma.cu", _ONE_BOX_SPLIT, _ONE_BOX_SPLIT_NEW),
+    ("gemm_w4a16_wgmma.cu", _ONE_BOX_PERSIST_FIRST, _ONE_BOX_PERSIST_FIRST_NEW),
+    ("gemm_w4a16_wgmma.cu", _ONE_BOX_PERSIST, _ONE_BOX_PERSIST_NEW),
+    ("gemm_w4a16_wgmma.cu", _ONE_BOX_MAP, _ONE_BOX_MAP_NEW),
+]
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("others", nargs="*")
