@@ -190,7 +190,7 @@ PATCHES["wg_skew2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
 # k-block (constants 330 ns, atoms 150-180 ns each, its waits 200-240 ns; 8192x8192, M = 128, H200),
 # and passed each empty barrier 3.7-6 us after the MMA warps had released it (eighteenth session,
 # step 1): if its own instruction stream is the pace, split in two it is about halved.
-_SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
+_SPLIT_RING = """  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
   pdl_wait();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % S::kStages;
@@ -205,7 +205,8 @@ _SPLIT_LOOP = """  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0
       mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
       tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
     }
-  }
+  }"""  # the split producer's ring, as shipped
+_SPLIT_LOOP = _SPLIT_RING + """
   // Leave only once the MMA warps have consumed every stage: no copy outlives its issuer.
   for (int i = nkb > S::kStages ? nkb - S::kStages : 0; i < nkb; ++i) {
     mbar_wait(b.empty_a + 8 * (i % S::kStages), (i / S::kStages) & 1);
@@ -400,22 +401,7 @@ _ONE_BOX_COPY_NEW = """__device__ __forceinline__ void tensor_copy_3d_g2s(uint32
       : "memory");
 }
 """ + _ONE_BOX_COPY
-_ONE_BOX_SPLIT = """  if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, atom, wpolicy, lane);
-  pdl_wait();
-  for (int i = 0; i < nkb; ++i) {
-    const int s = i % S::kStages;
-    const uint32_t parity = ((i / S::kStages) + 1) & 1;
-    const uint32_t st = smem0 + s * S::kStageBytes;
-    const int k0 = (kb0 + i) * 128;
-    if (i >= S::kStages) mbar_wait(b.empty_a + 8 * s, parity);
-    if (i > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, i, cb, kb0 + i, atom, wpolicy, lane);
-    if (lane == 0) tensor_copy_2d_g2s(st + S::kXOff, x, k0, m0, b.full_a + 8 * s, xpolicy);
-    if (i >= S::kStages) mbar_wait(b.empty_b + 8 * s, parity);
-    if (lane == 0) {
-      mbar_arrive_expect_tx(b.full_b + 8 * s, atom);
-      tensor_copy_2d_g2s(st + S::kXOff + kAtom, x, k0 + 64, m0, b.full_b + 8 * s, xpolicy);
-    }
-  }"""
+_ONE_BOX_SPLIT = _SPLIT_RING
 _ONE_BOX_SPLIT_NEW = """  const bool whole = atom == kAtom;  // (xtail is then xmap, one box of both atoms)
   const uint32_t part_a = whole ? 2 * atom : atom;
   if (nkb > 0) ws_copy_constants<S, kBulk>(a, wmap, smem0, b, 0, cb, kb0, part_a, wpolicy, lane);
