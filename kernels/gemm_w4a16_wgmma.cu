@@ -1153,6 +1153,10 @@ struct WsSpread {
 // sweeps of every variant at its automatic split on the seven Llama shapes at M = 64-1024, where
 // this pick is within 3% of the best on 34 of 35 cells (7% off on 28672x8192 at M = 128), and
 // checked on 8192x10240, 4096x28672 and 8192x57344 at M = 64-512 (within 3% on all 12; dev/LOG.md).
+// Variant 2 at 140 rather than the fit's 130: between the tables' sizes, where its 64-token tiles
+// stream each weight once a tile, two to four times as often as the tiles it competes with, 130
+// chose it on 8192x28672 at M = 129-192 and on 4096x14336 at M = 513-576, 10-15% slower than
+// variant 5 or 4 (H200); 140 gives those to them and changes no pick at M = 64-4096 of the fit.
 // The pairs' clusters that run at once (a GPC of an odd SM count leaves one SM out of them).
 int64_t pair_clusters(const WsVariant& v, int sms) {
   const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
@@ -1162,7 +1166,7 @@ int64_t pair_clusters(const WsVariant& v, int sms) {
 constexpr int64_t kPairsMinFill = 95, kPairsOneWaveFill = 70;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
-  static constexpr int64_t kCost[6] = {0, 210, 130, 130, 100, 100};
+  static constexpr int64_t kCost[6] = {0, 210, 140, 130, 100, 100};
   const int kblocks = static_cast<int>((K + 127) / 128);
   int best = 5;
   int64_t best_cost = INT64_MAX;
