@@ -613,13 +613,13 @@ struct WsWork {
 // zero words), with the bulk copy engine from lane 0, instead of 32 lanes' cp.async and arrivals:
 // at M = 64-128, where the split launches wait on a producer that issues about one stage a
 // k-block, leaving those copies out made them 2-8% faster, far more than their bytes, and the bulk
-// copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 and the
-// tensors' bases aligned (checked: the caller may pass views). Decided once a launch, so that each
-// producer loop is compiled for one way only (both in one loop spilled at the producer's 40
-// registers).
+// copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 (as R is)
+// and the tensors' bases aligned (checked: the caller may pass views). Decided once a launch, so
+// that each producer loop is compiled for one way only (both in one loop spilled at the
+// producer's 40 registers).
 template <typename S>
 __device__ __forceinline__ bool ws_bulk_constants(const BatchArgs& a) {
-  return a.run_slots == 1 && a.N % S::kRows == 0 && (a.N & 31) == 0 &&
+  return a.run_slots == 1 && a.N % S::kRows == 0 &&
          ((reinterpret_cast<uintptr_t>(a.scales) | reinterpret_cast<uintptr_t>(a.qzeros)) & 15) == 0;
 }
 
