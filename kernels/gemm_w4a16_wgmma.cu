@@ -1156,7 +1156,8 @@ struct WsSpread {
 // Variant 2 at 140 rather than the fit's 130: between the tables' sizes, where its 64-token tiles
 // stream each weight once a tile, two to four times as often as the tiles it competes with, 130
 // chose it on 8192x28672 at M = 129-192 and on 4096x14336 at M = 513-576, 10-15% slower than
-// variant 5 or 4 (H200); 140 gives those to them and changes no pick at M = 64-4096 of the fit.
+// variant 5 or 4 (H200); 140 gives those to them and changes no pick at the tables' M (replayed
+// by dev/probes/variant_model.py).
 // The pairs' clusters that run at once (a GPC of an odd SM count leaves one SM out of them).
 int64_t pair_clusters(const WsVariant& v, int sms) {
   const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
