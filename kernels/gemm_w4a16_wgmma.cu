@@ -181,6 +181,10 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
   }
   load_chunks(kNatural ? 0 : lane & 3);
   const uint32_t pair_shift = 4 * (lane & 3);  // the natural order's pair t: nibbles t and t + 4
+  // x's descriptor once a stage, each step's an offset into its address field (16-byte units, bits
+  // 0-13, no carry out: shared addresses stay below 256 KB): the MMA warps' instruction stream is
+  // their pace, and a whole descriptor per step costs 4 more instructions 8 times a k-block
+  const uint64_t x_desc = smem_desc_sw128(st_addr + S::kXOff);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     uint32_t af[NT][8];
@@ -208,7 +212,7 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint64_t desc = smem_desc_sw128(st_addr + S::kXOff + (c >> 1) * (MT * 128) + (2 * (c & 1) + h) * 32);
+      const uint64_t desc = x_desc + (((c >> 1) * (MT * 128) + (2 * (c & 1) + h) * 32) >> 4);
 #pragma unroll
       for (int i = 0; i < NT; ++i)
         wgmma_m64k16_rs<MT>(reinterpret_cast<float(&)[MT / 2]>(acc[i]), af[i][4 * h], af[i][4 * h + 1],

@@ -460,22 +460,6 @@ PATCHES["x_one_box"] = [
     ("gemm_w4a16_wgmma.cu", _ONE_BOX_MAP, _ONE_BOX_MAP_NEW),
 ]
 
-# x's descriptor computed once a stage in wgmma_stage, each step's an offset to it (the address field,
-# 16-byte units in bits 0-13, never carries within shared memory), instead of the whole descriptor
-# (an add, a mask, a shift and an or) for each of a k-block's 8 steps: fewer instructions in the MMA
-# warps' stream, which the fifteenth session's step 7 found worth 2-3% at M = 64 for 22 fewer
-PATCHES["desc_offsets"] = [
-    ("gemm_w4a16_wgmma.cu", """#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    uint32_t af[NT][8];""", """  const uint64_t desc0 = smem_desc_sw128(st_addr + S::kXOff);
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    uint32_t af[NT][8];"""),
-    ("gemm_w4a16_wgmma.cu",
-     "      const uint64_t desc = smem_desc_sw128(st_addr + S::kXOff + (c >> 1) * (MT * 128) + (2 * (c & 1) + h) * 32);",
-     "      const uint64_t desc = desc0 + (((c >> 1) * (MT * 128) + (2 * (c & 1) + h) * 32) >> 4);"),
-]
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("others", nargs="*")
