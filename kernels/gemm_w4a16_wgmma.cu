@@ -1,6 +1,6 @@
 // gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout) on Hopper's
 // warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header; the
-// path from M = 17 to 32),
+// path from M = 17 to 32, and from 9 on layers under 8192x8192 weights),
 // and the warp-specialised kernel for any M (its own header, "the warp-specialised kernel" below).
 // gemm_w4a16_batch.cu is the same computation on mma.sync for sm_80+; on Hopper mma.sync issues
 // too slowly to keep up with HBM from M = 32 up.
@@ -1283,7 +1283,9 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // On 28672x8192 they run in one of two modes from one measurement to the next, whatever the build
   // (H100: 61 or 73 us at M = 17, under one tile's 75; H100 and H200: 70 or 84-89 at M = 32, against
   // one tile's 74-78; not explained): so past 24 tokens on more than 64 k-blocks one tile, unless the
-  // row blocks alone fill the SMs. At M > 64 only one fits in registers.
+  // row blocks alone fill the SMs (w4cli/gpu/kernels.py's wgmma_one_tile_fallback makes the same
+  // test and sends those launches to the mma.sync kernel's two tiles, faster there). At M > 64 only
+  // one fits in registers.
   const bool fill_alone = N * 5 >= (int64_t)sms * 256 * 4;
   const bool fill_split = (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15;
   if (tiles == 0) tiles = M <= 64 && (fill_alone || (fill_split && (M <= 24 || K <= 64 * 128))) ? 2 : 1;

@@ -45,6 +45,19 @@ def test_exact_every_batch_size_with_bias(kernels, m):
     assert_exact(out, w4_gemv.gemv_reference(x, **layer, bias=bias))
 
 
+# Past 24 tokens on a layer of more than 64 k-blocks whose four splits of 256-row blocks fill the SMs
+# but whose row blocks alone do not, Hopper's path is the mma.sync kernel with two tiles (the wgmma
+# kernel's two are unsteady there, gemv_path); K = 8320 is 65 k-blocks, N = 8200 33 row blocks of 256
+@pytest.mark.parametrize("m", [24, 25, 32])
+def test_exact_long_layer_past_the_wgmma_kernels_two_tiles(kernels, m):
+    k, n, g = 8320, 8200, 128
+    wgmma = kernels.has_wgmma()
+    assert kernels.gemv_path(m, k, n) == ("wgmma" if wgmma and m <= 24 else "batch")
+    layer = make_layer(k, n, g, seed=m, exact=True)
+    x = activations(m, k, seed=300 + m, exact=True)
+    assert_exact(kernels.gemv(x, **layer), w4_gemv.gemv_reference(x, **layer))
+
+
 # (K, N, G): groups of 32, 64, 128, 256 and one group; K % 128 != 0 (a partial last k-block,
 # activations past K never read); N % 16 == 8; N below one row block and above several
 SHAPES = [

@@ -216,7 +216,7 @@ def test_module_reimports_cleanly():
 def test_gemv_paths_by_batch_size_and_shape():
     from w4cli.gpu import kernels
     from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, GEMV_TILE_M, TINY_LAYER_DEQUANT_M,
-                                    WGMMA_MIN_M, WS_MAX_M, WS_MIN_M)
+                                    WGMMA_MIN_M, WGMMA_SMALL_M_LAYER, WS_MAX_M, WS_MIN_M)
 
     big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
@@ -239,6 +239,13 @@ def test_gemv_paths_by_batch_size_and_shape():
     assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=True) == "wgmma ws"
     assert kernels.gemv_path(WS_MIN_M - 1, *big, wgmma=True) == "wgmma"
     assert kernels.gemv_path(WS_MIN_M, *big, wgmma=False) == "batch"
+    # Hopper at M = 9-16: the wgmma kernel on layers under WGMMA_SMALL_M_LAYER weights, mma.sync from it
+    for m in (GEMV_TILE_M + 1, 2 * GEMV_TILE_M):
+        for shape in ((14336, 4096), (4096, 14336)):
+            assert kernels.gemv_path(m, *shape, wgmma=True) == "wgmma"
+            assert kernels.gemv_path(m, *shape, wgmma=False) == "batch"
+        for shape in (big, (4096, 28672)):
+            assert big[0] * big[1] == WGMMA_SMALL_M_LAYER and kernels.gemv_path(m, *shape, wgmma=True) == "batch"
     wide = (4096, 14336)
     for m in (WS_MIN_M, 1025, 4096, WS_MAX_M):  # one launch at any M, on every layer but the tiny ones
         for shape in (big, wide, medium):
@@ -247,3 +254,26 @@ def test_gemv_paths_by_batch_size_and_shape():
         assert kernels.gemv_path(TINY_LAYER_DEQUANT_M - 1, *small, wgmma=wgmma) != "dequant+cuBLAS"
         assert kernels.gemv_path(TINY_LAYER_DEQUANT_M, *small, wgmma=wgmma) == "dequant+cuBLAS"
         assert kernels.gemv_path(TINY_LAYER_DEQUANT_M, *medium, wgmma=wgmma) != "dequant+cuBLAS"
+
+
+def test_long_layers_past_the_wgmma_kernels_two_tiles_take_the_mma_sync_kernel():
+    from w4cli.gpu import kernels
+    from w4cli.gpu.contract import WGMMA_LONG_K, WGMMA_TWO_TILE_MAX_M, WS_MIN_M
+
+    down = (28672, 8192)  # Llama-3-70B's down_proj: 224 k-blocks, 32 row blocks of 256
+    for sms in (None, 132):  # None: this machine's count, the H100's and H200's without a GPU
+        assert kernels.gemv_path(WGMMA_TWO_TILE_MAX_M, *down, wgmma=True, sms=sms) == "wgmma"
+        for m in (WGMMA_TWO_TILE_MAX_M + 1, WS_MIN_M - 1):
+            assert kernels.gemv_path(m, *down, wgmma=True, sms=sms) == "batch"
+            assert kernels.gemv_path(m, *down, wgmma=False, sms=sms) == "batch"
+        assert kernels.gemv_path(WS_MIN_M, *down, wgmma=True, sms=sms) == "wgmma ws"
+    m = WS_MIN_M - 1
+    # the wgmma planner's own tiles stand where its row blocks alone fill the SMs (two), where four
+    # splits of them do not (one: two would leave SMs idle), and up to WGMMA_LONG_K
+    assert kernels.gemv_path(m, 8192, 28672, wgmma=True, sms=132) == "wgmma"
+    assert kernels.gemv_path(m, 14336, 4096, wgmma=True, sms=132) == "wgmma"
+    assert kernels.gemv_path(m, WGMMA_LONG_K, 8192, wgmma=True, sms=132) == "wgmma"
+    assert kernels.gemv_path(m, WGMMA_LONG_K + 128, 8192, wgmma=True, sms=132) == "batch"
+    # the same layer on a GPU of more SMs: four splits of 32 row blocks no longer fill them
+    assert kernels.gemv_path(m, *down, wgmma=True, sms=144) == "wgmma"
+    assert kernels.gemv_path(m, *down, wgmma=True, sms=136) == "batch"

@@ -29,10 +29,19 @@ BATCH_MAX_M = 64  # rows of x per mma.sync batch-kernel launch
 GEMV_MEDIUM_LAYER = 4096 * 6144
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
-# Hopper (compute capability 9.0): the wgmma batch kernel from this M (below it the mma.sync one
-# is faster), up to WGMMA_MAX_M rows per launch
+# Hopper (compute capability 9.0): the wgmma batch kernel from this M, up to WGMMA_MAX_M rows per
+# launch; below it the mma.sync one is faster on layers of WGMMA_SMALL_M_LAYER weights or more
+# (8192x8192 3-7%, 4096x28672 9-10%) and slower on those under it (14336x4096 2-7%, 4096x14336
+# 4-10%, 11008x4096 2-7%; H100 and H200, dev/LOG.md)
 WGMMA_MIN_M = 17
 WGMMA_MAX_M = 128
+WGMMA_SMALL_M_LAYER = 8192 * 8192
+# Past WGMMA_TWO_TILE_MAX_M tokens on layers of more than WGMMA_LONG_K k the wgmma kernel's two m64
+# tiles a warpgroup run in a slow mode at random (kernels/gemm_w4a16_wgmma.cu's planner); where that
+# planner would fall back to one tile, the mma.sync kernel with two is 8-13% faster up to 32 tokens
+# (28672x8192, H100 and H200)
+WGMMA_TWO_TILE_MAX_M = 24
+WGMMA_LONG_K = 64 * 128
 # from WS_MIN_M rows, the warp-specialised wgmma kernel (a producer warp feeding the MMA warps
 # through the bulk and tensor copy engines): any M up to WS_MAX_M in one launch, one read of the
 # weight per tile of up to WS_TILE_M tokens; from 33 rows it beats the cp.async wgmma kernel on
