@@ -317,13 +317,16 @@ def sm_count() -> int:
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
 
 
-def wgmma_one_tile_fallback(m: int, k: int, n: int, sms: int) -> bool:
+def wgmma_one_tile_fallback(m: int, k: int, n: int, sms: int | None = None) -> bool:
     """Does the wgmma kernel's planner (plan_gemm_w4a16_wgmma) take one m64 tile a warpgroup where
     two would fill the SMs, because its two are unsteady past WGMMA_TWO_TILE_MAX_M tokens on long
-    layers? The same test as that planner's, on the same numbers."""
+    layers? The same test as that planner's, on the same numbers; `sms` None: this machine's."""
+    if m <= WGMMA_TWO_TILE_MAX_M or k <= WGMMA_LONG_K:
+        return False
+    sms = sm_count() if sms is None else sms
     fill_alone = n * 5 >= sms * 256 * 4
     fill_split = (n + 255) // 256 * 4 * 16 >= sms * 15
-    return m > WGMMA_TWO_TILE_MAX_M and k > WGMMA_LONG_K and fill_split and not fill_alone
+    return fill_split and not fill_alone
 
 
 def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None = None) -> str:
@@ -351,7 +354,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None
         return "dequant+cuBLAS"
     if wgmma and m >= WS_MIN_M:
         return "wgmma ws"
-    if wgmma and wgmma_one_tile_fallback(m, k, n, sm_count() if sms is None else sms):
+    if wgmma and wgmma_one_tile_fallback(m, k, n, sms):
         return "batch"
     if wgmma and (m >= WGMMA_MIN_M or k * n < WGMMA_SMALL_M_LAYER):
         return "wgmma"
