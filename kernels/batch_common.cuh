@@ -320,6 +320,12 @@ constexpr int64_t kSplitLatencyBytes = 20000;  // ~1 us of one SM's share of 3 T
 enum class SplitSum { kGlobal, kCluster };
 constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 
+// Whether blocks of 256 rows of N fill the GPU's SMs: alone (at least 4/5 of a block an SM), or
+// four splits of them (15/16 of the SMs). Both batch planners choose their row tiles by these
+// (two m64 or 16-row tiles a warp); w4cli/gpu/kernels.py's wgmma_one_tile_fallback repeats them.
+inline bool rows256_fill_alone(int64_t N, int sms) { return N * 5 >= (int64_t)sms * 256 * 4; }
+inline bool rows256_fill_split(int64_t N, int sms) { return (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15; }
+
 // The split-K count (`requested`, or 0: from the model below) into plan->splits and
 // plan->kb_per_split. stage_bytes: what one block copies per k-block (weights, x, scales).
 inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int per_sm, int64_t stage_bytes,

@@ -249,8 +249,9 @@ bool post_scale(int64_t K, int64_t G, int nb, int tiles) {
 // k-blocks, four splits of 256-row blocks filling the SMs); there two tiles are 7-14% faster than
 // one up to 32 tokens (28672x8192, H100 and H200).
 int default_tiles(int64_t M, int64_t K, int64_t N, int sms, bool hopper) {
-  const bool fill_split = (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15;
-  return M <= 16 || N * 5 >= (int64_t)sms * 256 * 4 || (hopper && M <= 32 && K > 64 * 128 && fill_split) ? 2 : 1;
+  return M <= 16 || rows256_fill_alone(N, sms) || (hopper && M <= 32 && K > 64 * 128 && rows256_fill_split(N, sms))
+             ? 2
+             : 1;
 }
 
 bool pick_variant(int64_t M, int64_t K, int64_t G, int tiles, Variant* v) {

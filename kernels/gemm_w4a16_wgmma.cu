@@ -1286,8 +1286,7 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // row blocks alone fill the SMs (w4cli/gpu/kernels.py's wgmma_one_tile_fallback makes the same
   // test and sends those launches to the mma.sync kernel's two tiles, faster there). At M > 64 only
   // one fits in registers.
-  const bool fill_alone = N * 5 >= (int64_t)sms * 256 * 4;
-  const bool fill_split = (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15;
+  const bool fill_alone = rows256_fill_alone(N, sms), fill_split = rows256_fill_split(N, sms);
   if (tiles == 0) tiles = M <= 64 && (fill_alone || (fill_split && (M <= 24 || K <= 64 * 128))) ? 2 : 1;
   WgVariant v;
   int natural = 0;

@@ -320,7 +320,8 @@ def sm_count() -> int:
 def wgmma_one_tile_fallback(m: int, k: int, n: int, sms: int | None = None) -> bool:
     """Does the wgmma kernel's planner (plan_gemm_w4a16_wgmma) take one m64 tile a warpgroup where
     two would fill the SMs, because its two are unsteady past WGMMA_TWO_TILE_MAX_M tokens on long
-    layers? The same test as that planner's, on the same numbers; `sms` None: this machine's."""
+    layers? The same test as that planner's (kernels/batch_common.cuh's rows256_fill_alone and
+    rows256_fill_split), on the same numbers; `sms` None: this machine's."""
     if m <= WGMMA_TWO_TILE_MAX_M or k <= WGMMA_LONG_K:
         return False
     sms = sm_count() if sms is None else sms
