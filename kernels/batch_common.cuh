@@ -143,6 +143,10 @@ struct Loader {
       cp_async16_policy(st + wdst + i * kBatchThreads * 16, ok ? src : reinterpret_cast<const char*>(a.qweight), ok,
                         policy);
     }
+    load_scales(st, kb, a);
+  }
+  // The scales and zeros alone (the wgmma kernel's tensor copies bring its weights and x).
+  __device__ __forceinline__ void load_scales(uint32_t st, int kb, const BatchArgs& a) const {
     if (slot >= 0) {
       const int grp = group_of_run(4u * kb + slot, a);
       cp_async16(st + sdst, s + (size_t)grp * a.N, sz_ok);
@@ -342,7 +346,7 @@ inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int
     // L2 round trip each, about what an SM streams in a microsecond at the copy rate); within a
     // cluster one read of the tile's partials and two cluster barriers.
     // H100 (dev/LOG.md): through global memory within 4% of the best measured split (mma.sync
-    // kernel); within a cluster within 2% on 18 of 21 cells at M = 17-32 (cp.async wgmma kernel).
+    // kernel); within a cluster within 2% on 18 of 21 cells at M = 17-32 (the barrier wgmma kernel).
     int64_t best_cost = INT64_MAX;
     for (int s = 1; s <= most && s <= kblocks; ++s) {
       const int per = (kblocks + s - 1) / s;

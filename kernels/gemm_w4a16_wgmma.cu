@@ -1,7 +1,8 @@
 // gemm_w4a16_wgmma.cu: y[M, N] = x[M, K] W^T (+ bias) for int4 W (w4-gemv layout) on Hopper's
-// warpgroup MMA (wgmma, sm_90a), two kernels: the cp.async kernel for M = 1..128 (this header; the
-// path from M = 17 to 32, and from 9 on layers under 8192x8192 weights),
-// and the warp-specialised kernel for any M (its own header, "the warp-specialised kernel" below).
+// warpgroup MMA (wgmma, sm_90a), two kernels: the barrier kernel for M = 1..128 (this header: every
+// warp computes, one block barrier a k-block; the path from M = 17 to 32, and from 9 on layers
+// under 8192x8192 weights), and the warp-specialised kernel for any M (its own header, "the
+// warp-specialised kernel" below).
 // gemm_w4a16_batch.cu is the same computation on mma.sync for sm_80+; on Hopper mma.sync issues
 // too slowly to keep up with HBM from M = 32 up.
 //
@@ -38,22 +39,27 @@
 //
 // How a block works. 8 warps = 2 warpgroups; each warpgroup owns NT m64 tiles (a block owns
 // R = 128 NT rows of N) and the block a range of k-blocks (split-K over S blocks per row range).
-// Each 128-k block is one stage of a cp.async ring in shared memory, up to 4 deep:
+// Each 128-k block is one stage of a ring in shared memory, up to 4 deep:
 //   x        MT rows of x or x_perm, two 64-k swizzle atoms of [MT rows][128 B] (16-byte unit u of
-//            row r at u ^ (r % 8), the 128-byte swizzle the descriptor names), rows >= M and k past
-//            the row zero-filled
-//   weights  the block's 16-row tiles of 1 KB (L2 evict-first: read once), 128-byte swizzled
-//   scales, zeros  per 32-k run slot, as in the batch kernel
-// One block barrier per k-block (after cp.async lands and the proxy fence, so the tensor cores
-// see it). Per k-block each warp converts, per word c, its NT 16-row tiles to A fragments (scale
-// applied per weight) and issues 2 wgmma m64nMTk16 per tile (steps 2 c, 2 c + 1) with B at the
-// step's 32-byte column of the atom; conversion of word c + 1 overlaps the wgmma of word c. The
-// warp waits for its wgmmas before the next barrier, which frees the stage for refilling. The
-// result leaves through shared memory ("the output tile" below).
+//            row r at u ^ (r % 8), the 128-byte swizzle the descriptor names), k past the row
+//            zero-filled; two boxes of M rows from the tensor copy engine (rows M..MT - 1 keep
+//            what they held: they feed only token columns that nothing stores)
+//   weights  the block's 16-row tiles of 1 KB, one box (L2 evict-first: read once), 128-byte
+//            swizzled in the natural k order
+//   scales, zeros  per 32-k run slot, as in the batch kernel (cp.async, by the Loader's threads)
+// Thread 0 asks for a stage's boxes, on the stage's mbarrier; every thread waits for it and for its
+// own cp.async group, then passes the one block barrier of the k-block, after which the stage
+// read last is refilled. (Issued by every thread as 16-byte cp.async copies, the boxes' addresses
+// took a fifth of the MMA warps' instructions, which set the pace at M <= 32: H200, Nsight
+// Compute, dev/LOG.md.) Per k-block each warp converts, per word c, its NT 16-row tiles to A
+// fragments (scale applied per weight) and issues 2 wgmma m64nMTk16 per tile (steps 2 c, 2 c + 1)
+// with B at the step's 32-byte column of the atom; conversion of word c + 1 overlaps the wgmma of
+// word c. The warp waits for its wgmmas before the next barrier, which frees the stage for
+// refilling. The result leaves through shared memory ("the output tile" below).
 // Split-K: the S blocks of a row range are one thread block cluster and add their partials
 // through distributed shared memory ("split-K within a cluster" below; deterministic, in split
-// order). With PDL the kernel copies its first stage's weights while the kernel before (or its own
-// permute_x_kernel) still runs, its activations after pdl_wait.
+// order). With PDL the kernel asks for its first stage's weights, scales and zeros while the kernel
+// before (or its own permute_x_kernel) still runs, its activations after pdl_wait.
 //
 // Launch shape: permute_x_kernel in the permuted order, then grid (ceil(N / R), S) in clusters of
 // (1, S, 1) (S <= 8),
@@ -63,6 +69,8 @@
 // once).
 // Constraints (checked by kernels/ops.cpp and the launcher): as gemm_w4a16_batch.cu, with
 // 1 <= M <= 128, x 16-byte aligned; in the permuted order x_perm [M, Kp] fp16 scratch from the caller.
+// The tensor maps of x (or x_perm, boxes of M rows) and of the weights are encoded per launch and
+// passed by value.
 // Archs: sm_90a only (the kernels compile elsewhere to an empty body the launcher never runs).
 // Test: pytest -m gpu tests/test_batch_gpu.py.  Bench: w4 bench --batch 16,32,64,128.
 
@@ -105,10 +113,10 @@ struct StageLayout {
   __device__ static __forceinline__ uint32_t w_dst(uint32_t o) { return kSwizzledW ? o ^ (((o >> 7) & 7) << 4) : o; }
 };
 
-// The cp.async kernel's stages: up to 4 in 220 KB.
-template <int MT, int NT>
-struct WgStage : StageLayout<MT, NT, true> {  // (the Loader's swizzled addresses cost nothing in either order)
-  using L = StageLayout<MT, NT, true>;
+// The barrier kernel's stages: up to 4 in 220 KB.
+template <int MT, int NT, bool kNatural>
+struct WgStage : StageLayout<MT, NT, kNatural> {
+  using L = StageLayout<MT, NT, kNatural>;
   static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 4 ? 4 : (220 * 1024) / L::kStageBytes;
   static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
   static_assert(kStages >= 2, "a stage must fit twice in shared memory");
@@ -301,7 +309,7 @@ __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_
 }
 // The same with the split count a compile-time constant, one copy of the sum per cluster size: the
 // warp-specialised kernel's (its tiles of up to 256 tokens make the sum several microseconds). In
-// the cp.async kernel the seven copies made the whole kernel compile 3-10% slower at M = 24-32
+// the barrier kernel the seven copies made the whole kernel compile 3-10% slower at M = 24-32
 // (H100, dev/LOG.md), and its tiles of up to 128 tokens keep the run-time loop short.
 template <int MT, int R>
 __device__ __forceinline__ void reduce_split_cluster_of(const BatchArgs& a, uint32_t tile, int split, int m0, int n0) {
@@ -391,10 +399,13 @@ __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], c
 // kSplit: split-K (S > 1, launched in clusters of S blocks); a kernel of its own, so that the
 // cluster code is in no kernel launched without clusters. kNatural: wgmma_stage's k order.
 template <int MT, int NT, bool kSplit, bool kNatural>
-__global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wgmma_kernel(const BatchArgs a) {
+__global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
+    gemm_w4a16_wgmma_kernel(const BatchArgs a, const __grid_constant__ CUtensorMap wmap,
+                            const __grid_constant__ CUtensorMap xmap) {
 #if defined(W4_HAS_WGMMA)
-  using S = WgStage<MT, NT>;
+  using S = WgStage<MT, NT, kNatural>;
   extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[S::kStages];  // a stage's tensor copies have landed
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t smem0 = (raw + 1023) & ~1023u;
   const uint8_t* smem = smem_raw + (smem0 - raw);
@@ -404,10 +415,18 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
   const int split = blockIdx.y;
   const int kb0 = split * a.kb_per_split;
   const int nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
-  const uint64_t policy = evict_first_policy();
   const Loader<S> loader(a, cb);
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
+  const uint32_t full0 = smem_u32(full);
+  const bool copier = threadIdx.x == 0;
   pdl_launch_dependents();  // a kernel launched after this one with PDL waits (pdl_wait) before its reads
+  if (copier) {
+    prefetch_tensor_map(&wmap);
+    prefetch_tensor_map(&xmap);
+    for (int s = 0; s < S::kStages; ++s) mbar_init(full0 + 8 * s, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
 
   float acc[NT][MT / 8][4];
 #pragma unroll
@@ -417,13 +436,48 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
 
-  loader.load_first(smem0, S::kStageBytes, S::kStages - 1, kb0, nkb, a, policy);
+  // Stage i (k-block kb0 + i): thread 0's boxes on the stage's barrier (the weights' box counts
+  // whole, also past N), the Loader's threads' scales and zeros in one cp.async group a stage.
+  // The weights may be asked for before pdl_wait, x only after.
+  constexpr uint32_t kWeightBytes = S::kRows / 8 * 512;
+  const uint32_t atom = static_cast<uint32_t>(a.M) * 128u;
+  auto copy_weights = [&](int i) {
+    const uint32_t bar = full0 + 8 * (i % S::kStages);
+    mbar_arrive_expect_tx(bar, kWeightBytes + 2 * atom);
+    tensor_copy_4d_g2s(smem0 + (i % S::kStages) * S::kStageBytes + S::kWOff, &wmap, 0, 0, kb0 + i,
+                       cb * (S::kRows / 8), bar, evict_first_policy());
+  };
+  auto copy_x = [&](int i) {
+    const uint32_t bar = full0 + 8 * (i % S::kStages), st = smem0 + (i % S::kStages) * S::kStageBytes + S::kXOff;
+    const int k0 = (kb0 + i) * 128;
+    tensor_copy_2d_g2s(st, &xmap, k0, 0, bar, evict_normal_policy());
+    tensor_copy_2d_g2s(st + MT * 128, &xmap, k0 + 64, 0, bar, evict_normal_policy());
+  };
+  if (copier && nkb > 0) copy_weights(0);
+  if (nkb > 0) loader.load_scales(smem0, kb0, a);
+  pdl_wait();
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < nkb) {
+      if (copier) {
+        if (s > 0) copy_weights(s);
+        copy_x(s);
+      }
+      if (s > 0) loader.load_scales(smem0 + s * S::kStageBytes, kb0 + s, a);
+    }
+    cp_async_commit();
+  }
   for (int i = 0; i < nkb; ++i) {
-    cp_async_wait<S::kStages - 2>();  // stage i has landed (this thread's copies)
-    fence_proxy_async_shared();       // ... and is visible to the tensor cores
-    __syncthreads();                  // ... everyone's; and stage i - 1 is no longer read
+    cp_async_wait<S::kStages - 2>();                            // stage i's scales and zeros (this thread's)
+    mbar_wait(full0 + 8 * (i % S::kStages), (i / S::kStages) & 1);  // ... and its tensor copies
+    __syncthreads();  // ... everyone's; and stage i - 1 is no longer read
     const int next = i + S::kStages - 1;
-    if (next < nkb) loader.load(smem0 + (next % S::kStages) * S::kStageBytes, kb0 + next, a, policy);
+    if (next < nkb) {
+      if (copier) {
+        copy_weights(next);
+        copy_x(next);
+      }
+      loader.load_scales(smem0 + (next % S::kStages) * S::kStageBytes, kb0 + next, a);
+    }
     cp_async_commit();
     const int at = (i % S::kStages) * S::kStageBytes;
     wgmma_stage<S, NT, kNatural>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
@@ -464,7 +518,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 //               a fixed order, "stream-K" below). The ring runs on from one tile to the next, and
 //               each tile's result leaves through its last stage while the next tile's stages fill.
 //   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
-//               the splits of a tile one cluster, added as the cp.async kernel's; unless stream-K
+//               the splits of a tile one cluster, added as the barrier kernel's; unless stream-K
 //               over every SM is modelled cheaper (the clusters that fit at once can leave SMs idle).
 //   pairs       variant 6, x as it lies: clusters of two blocks on neighbouring row blocks of one
 //               token tile, each tensor-copying half of every x atom's tokens into both (multicast),
@@ -481,7 +535,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1) gemm_w4a16_wg
 // dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
 // opt-in at MT = 256), 1 block/SM; preceded (PDL) by permute_x_kernel in the permuted order, and by
 // zero_flags_kernel where the launch has stream-K.
-// Constraints: as the cp.async kernel, with 1 <= M <= 65536; scratch from the caller (WsScratch):
+// Constraints: as the barrier kernel, with 1 <= M <= 65536; scratch from the caller (WsScratch):
 // x_perm in the permuted order, and for stream-K partial [Q, MT x R] fp32 and flags [Q] int32 for
 // its Q blocks. The tensor maps of x (or x_perm: xmap and xtail) and of the weights are encoded per
 // launch (x_tensor_map, weight_tensor_map) and passed by value.
@@ -947,16 +1001,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
 }
 
 struct WgVariant {
-  void (*fn[2][2])(const BatchArgs);  // [natural][split]
+  using Kernel = void (*)(const BatchArgs, const CUtensorMap, const CUtensorMap);
+  Kernel fn[2][2];  // [natural][split]
   int rows, smem, tokens;
 };
 
 template <int MT, int NT>
 WgVariant wg_variant() {
+  static_assert(WgStage<MT, NT, true>::kSmem == WgStage<MT, NT, false>::kSmem, "one launch shape for both k orders");
   return {{{gemm_w4a16_wgmma_kernel<MT, NT, false, false>, gemm_w4a16_wgmma_kernel<MT, NT, true, false>},
            {gemm_w4a16_wgmma_kernel<MT, NT, false, true>, gemm_w4a16_wgmma_kernel<MT, NT, true, true>}},
-          WgStage<MT, NT>::kRows,
-          WgStage<MT, NT>::kSmem,
+          WgStage<MT, NT, true>::kRows,
+          WgStage<MT, NT, true>::kSmem,
           MT};
 }
 
@@ -1212,8 +1268,7 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
 // x_perm) and a launch. Natural where a stage has one scale and zero a row (run_slots == 1) and
 // either the tiles have 128 tokens or more (the conversion is then hidden under the tensor cores'
 // work) or the layer has fewer than `small` weights, where the pass over x costs more than the
-// conversion: 2^25 for the cp.async kernel, whose MMA warps also issue the copies, 2^26 for the
-// warp-specialised one (H100, dev/LOG.md).
+// conversion: 2^25 for the barrier kernel, 2^26 for the warp-specialised one (H100, dev/LOG.md).
 bool pick_k_order(int order, int64_t K, int64_t N, int64_t G, int tokens, int64_t small, int* natural) {
   const bool one_run = G == K || G % 128 == 0;
   if (order < 0 || order > 2 || (order == 2 && !one_run)) return false;
@@ -1340,8 +1395,12 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t*
   a.x_stride = a.x_cols = cols;
   a.kb_per_split = plan.kb_per_split;
   a.splits = plan.splits;
+  CUtensorMap wmap, xmap;  // x's boxes of M rows: none reaches past the map (the copy engine's slow zero fill)
+  cudaError_t map_err = weight_tensor_map(qweight, N, a.kblocks, v.rows / 8, natural, &wmap);
+  if (map_err == cudaSuccess) map_err = x_tensor_map(staged, M, cols, static_cast<int>(M), &xmap);
+  if (map_err != cudaSuccess) return map_err;
   return launch_kernel(v.fn[natural][plan.splits > 1], dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), v.smem,
-                       stream, pdl, plan.splits, a);
+                       stream, pdl, plan.splits, a, wmap, xmap);
 }
 
 // The scratch of a warp-specialised launch: x_perm [M, Kp] fp16 in the permuted order, then, with

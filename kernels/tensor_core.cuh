@@ -206,6 +206,10 @@ __device__ __forceinline__ void tensor_copy_4d_g2s(uint32_t dst, const void* map
       "r"(bar), "l"(policy)
       : "memory");
 }
+// Asks for a __grid_constant__ tensor map's 128 bytes ahead of its first copy (generic address).
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
 __device__ __forceinline__ uint64_t evict_normal_policy() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));

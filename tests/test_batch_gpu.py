@@ -156,6 +156,20 @@ def test_rows_past_m_left_from_an_earlier_launch(hopper, variant, m, splits, ord
                  w4_gemv.gemv_reference(x, **layer))
 
 
+# The barrier wgmma kernel's x boxes hold M rows, not the tile's (kernels/gemm_w4a16_wgmma.cu), so
+# its stages' rows past M too keep what an earlier launch of the same tile left there.
+@pytest.mark.parametrize("m,full,tiles", [(9, 16, 1), (17, 32, 1), (25, 32, 2), (33, 64, 2), (100, 128, 1)])
+@pytest.mark.parametrize("splits,order", [(1, 1), (1, 2), (3, 2)])
+def test_barrier_kernel_rows_past_m_left_from_an_earlier_launch(hopper, m, full, tiles, splits, order):
+    k, n, g = 4224, 4104, 128
+    layer = make_layer(k, n, g, seed=m, exact=True)
+    poison = torch.full((full, k), float("nan"), dtype=torch.float16, device=DEV)
+    assert hopper._batch(poison, **layer, splits=splits, tiles=tiles, kernel=2, order=order).isnan().all()
+    x = activations(m, k, seed=m, exact=True)
+    assert_exact(hopper._batch(x, **layer, splits=splits, tiles=tiles, kernel=2, order=order),
+                 w4_gemv.gemv_reference(x, **layer))
+
+
 def offset_by_one_word(t: torch.Tensor) -> torch.Tensor:
     """The same values in a contiguous view 4 bytes past a 16-byte boundary."""
     flat = torch.empty(t.numel() + 4, dtype=t.dtype, device=t.device)
@@ -234,7 +248,7 @@ def test_pairs_random_real_shape(hopper):
     assert_close(hopper._batch(x, **layer, splits=1, tiles=6, kernel=3, order=2), x, layer, None)
 
 
-# the cp.async wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond, each with the
+# the barrier wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond, each with the
 # planner's own variant and split (on 132 SMs 4096x6144 at M = 400 takes the pairs on one wave, x as
 # it lies, and variant 5 with stream-K in the permuted order)
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (14336, 4096), (4096, 14336), (8192, 28672)])
@@ -324,7 +338,7 @@ def test_pdl_chain_in_a_graph(kernels, m, n):
     # with pdl=True each layer's kernels start under the previous kernel (Hopper): activations are
     # read only once written, so a chain of layers in one graph gives the bits of plain launches,
     # also when the input changes between replays; the second layer at N = 8200 takes x permuted
-    # by an x kernel at M = 20 (the cp.async kernel, above its 2^25 weights), as it lies from M = 33
+    # by an x kernel at M = 20 (the barrier kernel, above its 2^25 weights), as it lies from M = 33
     # (the first always as it lies)
     first = make_layer(4096, 4096, 128, seed=7, exact=False)
     second = make_layer(4096, n, 128, seed=8, exact=False)

@@ -4,7 +4,7 @@ call (the activation permute and the GEMM) alone:
     ncu --metrics gpu__time_duration.sum python3 dev/probes/batch_once.py [--shape 8192x28672] [--kernels 1,2,3]
         [--tiles T] [--splits S] [--order O] [M ...]
 
-Kernel 0 is the GEMV (M <= 32), 1 the mma.sync batch kernel (M <= 64), 2 the cp.async wgmma kernel
+Kernel 0 is the GEMV (M <= 32), 1 the mma.sync batch kernel (M <= 64), 2 the barrier wgmma kernel
 (M <= 128), 3 the warp-specialised one (any M); each runs where it exists, with its automatic plan
 unless --tiles / --splits / --order fix the batch kernels' (as `kernels._batch` takes them; 0 =
 automatic; --order 1 stages x permuted, 2 as it lies).

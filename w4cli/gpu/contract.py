@@ -44,7 +44,7 @@ WGMMA_TWO_TILE_MAX_M = 24
 WGMMA_LONG_K = 64 * 128
 # from WS_MIN_M rows, the warp-specialised wgmma kernel (a producer warp feeding the MMA warps
 # through the bulk and tensor copy engines): any M up to WS_MAX_M in one launch, one read of the
-# weight per tile of up to WS_TILE_M tokens; from 33 rows it beats the cp.async wgmma kernel on
+# weight per tile of up to WS_TILE_M tokens; from 33 rows it beats the barrier wgmma kernel on
 # six of the seven Llama shapes (H100, dev/LOG.md; 4096x6144 loses 1 us of 16)
 WS_MIN_M = 33
 WS_MAX_M = 65536

@@ -337,7 +337,7 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None
     GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most TINY_LAYER), "batch" (the
     mma.sync batch kernel, one read of the weight: M <= 64; where wgmma exists, M <= 16 on layers
     of at least WGMMA_SMALL_M_LAYER weights, and M <= 32 where the wgmma kernel would fall back to
-    one tile, `wgmma_one_tile_fallback`), "wgmma" (the cp.async wgmma batch kernel, up to
+    one tile, `wgmma_one_tile_fallback`), "wgmma" (the barrier wgmma batch kernel, up to
     WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch per WS_MAX_M rows, from WS_MIN_M
     rows on compute capability 9.0), "batch xC" (C launches of at most 64 rows, each
