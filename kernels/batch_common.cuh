@@ -145,7 +145,7 @@ struct Loader {
     }
     load_scales(st, kb, a);
   }
-  // The scales and zeros alone (the wgmma kernel's tensor copies bring its weights and x).
+  // The scales and zeros alone (the barrier wgmma kernel's tensor copies bring its weights and x).
   __device__ __forceinline__ void load_scales(uint32_t st, int kb, const BatchArgs& a) const {
     if (slot >= 0) {
       const int grp = group_of_run(4u * kb + slot, a);
