@@ -3,7 +3,7 @@
 # Compute (full set, per-instruction warp-state samples) on one launch at each PROFILE_M of
 # PROFILE_SHAPE (8192x28672 unless set), exported as text: details_M.txt (every section) and
 # sass_M.csv.gz (the source page: each SASS instruction with its samples by stall reason). Logs
-# go to $OUT. PROFILE_KERNEL picks the kernel (batch_once.py's numbers: 1 mma.sync, 2 the cp.async
+# go to $OUT. PROFILE_KERNEL picks the kernel (batch_once.py's numbers: 1 mma.sync, 2 the barrier
 # wgmma kernel, 3 the warp-specialised one, the default) and PROFILE_TILES its tiling or variant
 # (0, the default: the planner's).
 #

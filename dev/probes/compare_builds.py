@@ -61,22 +61,22 @@ PATCHES = {
     # a block, where one block of 8 warps an SM keeps DRAM half busy (14336x4096 at M = 16)
     "batch_ring8": [("gemm_w4a16_batch.cu", "static constexpr int kStages = 4;",
                      "static constexpr int kStages = NB <= 2 ? 8 : 4;")],
-    # the cp.async wgmma kernel's ring up to 8 deep where 8 stages fit in 220 KB (M <= 32)
+    # the barrier wgmma kernel's ring up to 8 deep where 8 stages fit in 220 KB (M <= 32)
     "wg_ring8": [("gemm_w4a16_wgmma.cu",
                   "static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 4 ? 4 : (220 * 1024) / L::kStageBytes;",
                   "static constexpr int kStages = (220 * 1024) / L::kStageBytes >= 8 ? 8 : (220 * 1024) / L::kStageBytes;")],
 }
-# the cp.async wgmma kernel's launches of no more blocks than SMs with shared memory for one block an
+# the barrier wgmma kernel's launches of no more blocks than SMs with shared memory for one block an
 # SM: where two fit, clusters may be placed two blocks an SM while other SMs idle (28672x8192 at
 # M = 32, two tiles: Nsight Compute counts 0 to 2 blocks an SM at 128, 192 and 224 blocks)
 PATCHES["wg_one_an_sm"] = [("gemm_w4a16_wgmma.cu", """  return launch_kernel(v.fn[natural][plan.splits > 1], dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), v.smem,
-                       stream, pdl, plan.splits, a);""", """  int sms = 132, device = 0;
+                       stream, pdl, plan.splits, a, wmap, xmap);""", """  int sms = 132, device = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int smem = (int64_t)plan.row_blocks * plan.splits <= sms && v.smem < 116 * 1024 ? 116 * 1024 : v.smem;
   if (smem != v.smem) cudaFuncSetAttribute(v.fn[natural][plan.splits > 1], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   return launch_kernel(v.fn[natural][plan.splits > 1], dim3(plan.row_blocks, plan.splits), dim3(kBatchThreads), smem,
-                       stream, pdl, plan.splits, a);""")]
+                       stream, pdl, plan.splits, a, wmap, xmap);""")]
 
 # the warp-specialised kernel's two tensor maps prefetched at entry by its first thread, so that the
 # producer's first copies do not wait for the descriptors (the timeline's prologue: stage 0 issued

@@ -225,7 +225,7 @@ def main() -> int:
     ap.add_argument("--builds", default=",".join(BUILDS))
     ap.add_argument("--splits", default="0", help="split-K counts to run (0 = the planner's)")
     ap.add_argument("--reps", type=int, default=1, help="times through the variants, one after another")
-    ap.add_argument("--kernel", type=int, default=3, help="3 = warp-specialised (--variants), 2 = cp.async wgmma (--variants = its tiles)")
+    ap.add_argument("--kernel", type=int, default=3, help="3 = warp-specialised (--variants), 2 = the barrier wgmma kernel (--variants = its tiles)")
     args = ap.parse_args()
     mods = {}
     for name in args.builds.split(","):
