@@ -10,7 +10,12 @@
 // from the exact q - z), fp32 accumulation in the tensor cores, split partials added in split
 // order, bias in fp32, one rounding; gemm_w4a16_batch.cu's header derives why w4cli/gpu/checks.py's
 // bound holds it, and exact data (x in {-1, 0, 1}, power-of-two scales) gives the reference bit
-// for bit.
+// for bit. The barrier kernel on tiles of up to 32 tokens (one m64 tile a warpgroup at 32) takes
+// the GEMV's scale after the mma where every 128-k block lies in one group and K >= 4096
+// (wg_post_scale): the tensor cores sum the exact q - z times x over the k-block in fp32, and the
+// sum is added to the row's total with one fp32 fma by its scale; the weight is never rounded to
+// fp16, a difference from the reference that gemv_w4a16.cu's header bounds within the same
+// tolerance for K >= 4096, and exact data still gives the reference's bits.
 //
 // Roles. The weight is wgmma's A operand, 64 rows of N per warpgroup, converted to fp16 in
 // registers (the GEMV's lop3 path gives the mma A fragment, which is also wgmma's register
@@ -151,7 +156,12 @@ __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
 // its first x atom read, so that part can be refilled half a k-block before the rest.
 // kPairRelease: the stage is shared with the other block of a pair (its activations multicast into
 // both), so the other block's barrier is arrived on too (release_stage).
-template <typename S, int NT, bool kNatural, bool kDrain = true, bool kPairRelease = false, int MT = S::kTokens>
+// kPost: the scale after the wgmma (the header's "Numerics"; one scale a row and k-block, M <= 32,
+// kDrain): the A fragments hold the exact q - z, the k-block's products sum into accumulators of
+// their own (`part`, from zero at its first step), and once they are done each element is added to
+// acc as one fp32 fma with its row's scale.
+template <typename S, int NT, bool kNatural, bool kDrain = true, bool kPairRelease = false, bool kPost = false,
+          int MT = S::kTokens>
 __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr, int wg, int wi, int lane,
                                             int slot, float (&acc)[NT][MT / 8][4], uint32_t release = 0,
                                             uint32_t release_a = 0) {
@@ -161,7 +171,8 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
   const int zshift = 4 * ((g >> 1) + 4 * (g & 1));  // AWQ_REVERSE_ORDER[g]: nibble of row g's zero
   // Per tile: the scales of rows g and g + 8 in both halves, and their zeros biased by 1024
   // (0x6400 | z: 1024 + z in fp16, exact).
-  uint32_t slo[NT], shi[NT];
+  static_assert(!kPost || (kDrain && MT <= 32), "the scale after the wgmma: a drained k-block of at most 32 tokens");
+  uint32_t slo[NT], shi[NT];  // f16x2, both halves the scale (kPost: the scale's fp16 bits, low half)
   ZeroF16x8 zlo[NT], zhi[NT];
   // Weight chunks: the permuted order takes the lane's own chunk of rows g and g + 8 (words 0..3)
   // at the stage's start; the natural one chunk c of the row at word c, word c + 1's loaded before
@@ -181,8 +192,8 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
   for (int i = 0; i < NT; ++i) {
     const int q = (wg * NT + i) * 4 + wi;  // the warp's 16-row tile of its warpgroup's m64 tile i
     const int row = 16 * q + g;
-    slo[i] = ss[slot * S::kRows + row] * 0x10001u;
-    shi[i] = ss[slot * S::kRows + row + 8] * 0x10001u;
+    slo[i] = ss[slot * S::kRows + row] * (kPost ? 1u : 0x10001u);
+    shi[i] = ss[slot * S::kRows + row + 8] * (kPost ? 1u : 0x10001u);
     const uint32_t* zw = zs + slot * (S::kRows / 8) + 2 * q;
     zlo[i] = row_zero((zw[0] >> zshift) & 0xF);
     zhi[i] = row_zero((zw[1] >> zshift) & 0xF);
@@ -193,6 +204,7 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
   // 0-13, no carry out: shared addresses stay below 256 KB): the MMA warps' instruction stream is
   // their pace, and a whole descriptor per step costs 4 more instructions 8 times a k-block
   const uint64_t x_desc = smem_desc_sw128(st_addr + S::kXOff);
+  float part[kPost ? NT : 1][MT / 8][4];  // kPost: the k-block's own sums
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     uint32_t af[NT][8];
@@ -201,18 +213,20 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
       const uint32_t wl[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, wh[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
       if constexpr (kNatural) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {  // per weight: (q - z) * s rounded once, the reference's W16
-          af[i][2 * j] = mul_f16x2(u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]), slo[i]);
-          af[i][2 * j + 1] = mul_f16x2(u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi[i].biased[0]), shi[i]);
+        for (int j = 0; j < 4; ++j) {  // per weight: q - z (kPost), or (q - z) * s rounded once, the W16
+          const uint32_t dl = u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]);
+          const uint32_t dh = u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi[i].biased[0]);
+          af[i][2 * j] = kPost ? dl : mul_f16x2(dl, slo[i]);
+          af[i][2 * j + 1] = kPost ? dh : mul_f16x2(dh, shi[i]);
         }
       } else {
         uint32_t dl[4], dh[4];
         u4x8_minus_zero_f16x8(wl[c], zlo[i], dl);  // exact q - z, fp16 pairs (k, k+1)
         u4x8_minus_zero_f16x8(wh[c], zhi[i], dh);
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {  // per weight: (q - z) * s rounded once, the reference's W16
-          af[i][2 * p] = mul_f16x2(dl[p], slo[i]);
-          af[i][2 * p + 1] = mul_f16x2(dh[p], shi[i]);
+        for (int p = 0; p < 4; ++p) {  // per weight: q - z (kPost), or (q - z) * s rounded once, the W16
+          af[i][2 * p] = kPost ? dl[p] : mul_f16x2(dl[p], slo[i]);
+          af[i][2 * p + 1] = kPost ? dh[p] : mul_f16x2(dh[p], shi[i]);
         }
       }
     }
@@ -222,9 +236,20 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     for (int h = 0; h < 2; ++h) {
       const uint64_t desc = x_desc + (((c >> 1) * (MT * 128) + (2 * (c & 1) + h) * 32) >> 4);
 #pragma unroll
-      for (int i = 0; i < NT; ++i)
-        wgmma_m64k16_rs<MT>(reinterpret_cast<float(&)[MT / 2]>(acc[i]), af[i][4 * h], af[i][4 * h + 1],
-                            af[i][4 * h + 2], af[i][4 * h + 3], desc);
+      for (int i = 0; i < NT; ++i) {
+        if constexpr (kPost) {
+          if (c == 0 && h == 0) {
+            wgmma_m64k16_rs_first<MT>(reinterpret_cast<float(&)[MT / 2]>(part[i]), af[i][0], af[i][1], af[i][2],
+                                      af[i][3], desc);
+          } else {
+            wgmma_m64k16_rs<MT>(reinterpret_cast<float(&)[MT / 2]>(part[i]), af[i][4 * h], af[i][4 * h + 1],
+                                af[i][4 * h + 2], af[i][4 * h + 3], desc);
+          }
+        } else {
+          wgmma_m64k16_rs<MT>(reinterpret_cast<float(&)[MT / 2]>(acc[i]), af[i][4 * h], af[i][4 * h + 1],
+                              af[i][4 * h + 2], af[i][4 * h + 3], desc);
+        }
+      }
     }
     wgmma_commit();
     wgmma_wait<1>();  // word c - 1's wgmmas are done: their A fragments' registers are free again
@@ -232,6 +257,17 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
     if (!kDrain && c == 2 && release_a != 0) release_stage<kPairRelease>(release_a, lane);
   }
   if (kDrain) wgmma_wait<0>();  // the stage's slot may be refilled after the next barrier
+  if constexpr (kPost) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const float s_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(slo[i])));
+      const float s_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(shi[i])));
+#pragma unroll
+      for (int nb = 0; nb < MT / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][nb][e] = __fmaf_rn(e < 2 ? s_lo : s_hi, part[i][nb][e], acc[i][nb][e]);
+    }
+  }
 }
 #endif
 
@@ -397,8 +433,9 @@ __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], c
 #endif
 
 // kSplit: split-K (S > 1, launched in clusters of S blocks); a kernel of its own, so that the
-// cluster code is in no kernel launched without clusters. kNatural: wgmma_stage's k order.
-template <int MT, int NT, bool kSplit, bool kNatural>
+// cluster code is in no kernel launched without clusters. kNatural, kPost: wgmma_stage's k order and
+// scale (after the wgmma: wg_post_scale).
+template <int MT, int NT, bool kSplit, bool kNatural, bool kPost>
 __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
     gemm_w4a16_wgmma_kernel(const BatchArgs a, const __grid_constant__ CUtensorMap wmap,
                             const __grid_constant__ CUtensorMap xmap) {
@@ -480,7 +517,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
     }
     cp_async_commit();
     const int at = (i % S::kStages) * S::kStageBytes;
-    wgmma_stage<S, NT, kNatural>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
+    wgmma_stage<S, NT, kNatural, true, false, kPost>(smem + at, smem0 + at, warp >> 2, warp & 3, lane, slot, acc);
   }
   cp_async_wait<0>();
   const int row0 = cb * S::kRows + (warp >> 2) * NT * 64 + (warp & 3) * 16;
@@ -1006,22 +1043,31 @@ struct WgVariant {
   int rows, smem, tokens;
 };
 
-template <int MT, int NT>
+template <int MT, int NT, bool kPost = false>
 WgVariant wg_variant() {
   static_assert(WgStage<MT, NT, true>::kSmem == WgStage<MT, NT, false>::kSmem, "one launch shape for both k orders");
-  return {{{gemm_w4a16_wgmma_kernel<MT, NT, false, false>, gemm_w4a16_wgmma_kernel<MT, NT, true, false>},
-           {gemm_w4a16_wgmma_kernel<MT, NT, false, true>, gemm_w4a16_wgmma_kernel<MT, NT, true, true>}},
+  return {{{gemm_w4a16_wgmma_kernel<MT, NT, false, false, kPost>, gemm_w4a16_wgmma_kernel<MT, NT, true, false, kPost>},
+           {gemm_w4a16_wgmma_kernel<MT, NT, false, true, kPost>, gemm_w4a16_wgmma_kernel<MT, NT, true, true, kPost>}},
           WgStage<MT, NT, true>::kRows,
           WgStage<MT, NT, true>::kSmem,
           MT};
 }
 
-bool pick_wg_variant(int64_t M, int tiles, WgVariant* v) {
+// The barrier kernel scales after the wgmma (the header's "Numerics") where every 128-k block lies in
+// one group and K >= 4096 (the GEMV's rule and reason: the skipped weight rounding stays within
+// half of the bound's K term), on tiles of up to 32 tokens, where the MMA warps' instructions set
+// the pace; not on two m64 tiles of 32 tokens, whose second set of sums spills at two blocks an SM.
+bool wg_post_scale(int64_t M, int64_t K, int64_t G, int tiles) {
+  return (G == K || G % 128 == 0) && K >= 4096 && (M <= 16 || (M <= 32 && tiles == 1));
+}
+
+bool pick_wg_variant(int64_t M, int tiles, bool post, WgVariant* v) {
   const int mt = M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : 128;
+  if (post && (mt > 32 || (mt == 32 && tiles != 1))) return false;
   switch (mt * 10 + tiles) {
-    case 161: *v = wg_variant<16, 1>(); return true;
-    case 162: *v = wg_variant<16, 2>(); return true;
-    case 321: *v = wg_variant<32, 1>(); return true;
+    case 161: *v = post ? wg_variant<16, 1, true>() : wg_variant<16, 1>(); return true;
+    case 162: *v = post ? wg_variant<16, 2, true>() : wg_variant<16, 2>(); return true;
+    case 321: *v = post ? wg_variant<32, 1, true>() : wg_variant<32, 1>(); return true;
     case 322: *v = wg_variant<32, 2>(); return true;
     case 641: *v = wg_variant<64, 1>(); return true;
     case 642: *v = wg_variant<64, 2>(); return true;
@@ -1345,7 +1391,8 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   if (tiles == 0) tiles = M <= 64 && (fill_alone || (fill_split && (M <= 24 || K <= 64 * 128))) ? 2 : 1;
   WgVariant v;
   int natural = 0;
-  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 || !pick_wg_variant(M, tiles, &v) ||
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 ||
+      !pick_wg_variant(M, tiles, wg_post_scale(M, K, G, tiles), &v) ||
       !pick_k_order(order, K, N, G, v.tokens, kWgmmaSmallLayer, &natural))
     return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
@@ -1381,7 +1428,8 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t*
                                     int64_t G, const BatchPlan& plan, bool pdl, cudaStream_t stream) {
   WgVariant v;
   int natural = 0;
-  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, &v) || v.rows != plan.rows ||
+  if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || !pick_wg_variant(M, plan.tiles, wg_post_scale(M, K, G, plan.tiles), &v) ||
+      v.rows != plan.rows ||
       plan.splits < 1 || plan.splits > kMaxClusterSplits ||
       !pick_k_order(plan.natural ? 2 : 1, K, N, G, v.tokens, kWgmmaSmallLayer, &natural) ||
       plan.scratch_bytes != x_perm_bytes(natural, M, K) || (!natural && scratch == nullptr) ||

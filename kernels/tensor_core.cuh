@@ -107,6 +107,27 @@ __device__ __forceinline__ void wgmma_m64k16_rs<32>(float (&d)[16], uint32_t a0,
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
 }
+// The same for 16 and 32 tokens with D = A B: the accumulator's earlier values are not read (wgmma's
+// scale-d 0), for a sum that starts at this step.
+template <int N>
+__device__ __forceinline__ void wgmma_m64k16_rs_first(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                      uint32_t a3, uint64_t b);
+template <>
+__device__ __forceinline__ void wgmma_m64k16_rs_first<16>(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                          uint32_t a3, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 0, 1, 1, 0;\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64k16_rs_first<32>(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                          uint32_t a3, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 0, 1, 1, 0;\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
 template <>
 __device__ __forceinline__ void wgmma_m64k16_rs<64>(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2,
                                                     uint32_t a3, uint64_t b) {

@@ -248,11 +248,12 @@ def test_pairs_random_real_shape(hopper):
     assert_close(hopper._batch(x, **layer, splits=1, tiles=6, kernel=3, order=2), x, layer, None)
 
 
-# the barrier wgmma kernel (2) up to 128 rows, the warp-specialised one (3) beyond, each with the
-# planner's own variant and split (on 132 SMs 4096x6144 at M = 400 takes the pairs on one wave, x as
-# it lies, and variant 5 with stream-K in the permuted order)
+# the barrier wgmma kernel (2) up to 128 rows (at 16 and 24 with its scale after the wgmma where its
+# tiles allow it), the warp-specialised one (3) beyond, each with the planner's own variant and
+# split (on 132 SMs 4096x6144 at M = 400 takes the pairs on one wave, x as it lies, and variant 5
+# with stream-K in the permuted order)
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (14336, 4096), (4096, 14336), (8192, 28672)])
-@pytest.mark.parametrize("m,kernel", [(24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (400, 3), (1000, 3)])
+@pytest.mark.parametrize("m,kernel", [(16, 2), (24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (400, 3), (1000, 3)])
 @pytest.mark.parametrize("order", [1, 2])
 def test_wgmma_random_real_shapes(hopper, k, n, m, kernel, order):
     layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
