@@ -216,7 +216,7 @@ def test_module_reimports_cleanly():
 def test_gemv_paths_by_batch_size_and_shape():
     from w4cli.gpu import kernels
     from w4cli.gpu.contract import (BATCH_CHUNKED_MAX_M, BATCH_MAX_M, GEMV_MAX_M, GEMV_TILE_M, TINY_LAYER_DEQUANT_M,
-                                    WGMMA_MIN_M, WGMMA_SMALL_M_LAYER, WS_MAX_M, WS_MIN_M)
+                                    WGMMA_MIN_M, WGMMA_OVER_GEMV_M, WGMMA_SMALL_M_LAYER, WS_MAX_M, WS_MIN_M)
 
     big, small, medium = (8192, 8192), (4096, 1024), (4096, 4096)
     assert not kernels.has_wgmma()  # no CUDA GPU here: the machine's own answer is the mma.sync table
@@ -225,10 +225,12 @@ def test_gemv_paths_by_batch_size_and_shape():
         assert kernels.gemv_path(GEMV_TILE_M + 1, *big, wgmma=wgmma) == "batch"
         for m in (GEMV_TILE_M + 1, GEMV_MAX_M):  # latency-bound layers: the GEMV's token tiles
             assert kernels.gemv_path(m, *small, wgmma=wgmma) == "gemv"
-        assert kernels.gemv_path(2 * GEMV_TILE_M, *medium, wgmma=wgmma) == "gemv"
-        assert kernels.gemv_path(2 * GEMV_TILE_M + 1, *medium, wgmma=wgmma) != "gemv"
-        assert kernels.gemv_path(2 * GEMV_TILE_M, 4096, 6144, wgmma=wgmma) == "gemv"
-        assert kernels.gemv_path(2 * GEMV_TILE_M + 1, 4096, 6144, wgmma=wgmma) == ("wgmma" if wgmma else "batch")
+        # medium layers: the GEMV's two token tiles, on Hopper until the wgmma kernel overtakes it
+        last_gemv_m = WGMMA_OVER_GEMV_M - 1 if wgmma else 2 * GEMV_TILE_M
+        for shape in (medium, (4096, 6144)):
+            assert kernels.gemv_path(last_gemv_m, *shape, wgmma=wgmma) == "gemv"
+            assert kernels.gemv_path(last_gemv_m + 1, *shape, wgmma=wgmma) == ("wgmma" if wgmma else "batch")
+        assert kernels.gemv_path(last_gemv_m + 1, 4096, 6144 + 8, wgmma=wgmma) != "gemv"  # past the medium layers
         assert kernels.gemv_path(WGMMA_MIN_M - 1, *big, wgmma=wgmma) == "batch"
     assert kernels.gemv_path(GEMV_MAX_M + 1, *small, wgmma=False) == "batch"
     assert kernels.gemv_path(BATCH_MAX_M, *big, wgmma=False) == "batch"

@@ -25,8 +25,12 @@ GEMV_MAX_M = 32  # rows of x per GEMV launch (four token tiles share each weight
 BATCH_MAX_M = 64  # rows of x per mma.sync batch-kernel launch
 # Past one token tile the GEMV (one read of the weight, no staging) beats the batch kernels on
 # latency-bound layers (H100, docs/performance.md): up to two tiles on layers of at most
-# GEMV_MEDIUM_LAYER weights, up to GEMV_MAX_M rows on layers of at most TINY_LAYER (below)
+# GEMV_MEDIUM_LAYER weights, up to GEMV_MAX_M rows on layers of at most TINY_LAYER (below). On
+# Hopper the barrier wgmma kernel, scaling after the wgmma, overtakes it on those medium layers from
+# WGMMA_OVER_GEMV_M rows (4096x4096 and 4096x6144 at M = 12-16: 1-7% on the H100, 2-9% on the
+# H200, where it is level at 9-10 on 4096x4096; dev/LOG.md)
 GEMV_MEDIUM_LAYER = 4096 * 6144
+WGMMA_OVER_GEMV_M = 12
 # beyond this, dequantize + cuBLAS beats launches of 64 rows (each re-reads the weight)
 BATCH_CHUNKED_MAX_M = 128
 # Hopper (compute capability 9.0): the wgmma batch kernel from this M, up to WGMMA_MAX_M rows per

@@ -51,6 +51,7 @@ from w4cli.gpu.contract import (
     WGMMA_LONG_K,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
+    WGMMA_OVER_GEMV_M,
     WGMMA_SMALL_M_LAYER,
     WGMMA_TWO_TILE_MAX_M,
     WS_MAX_M,
@@ -334,7 +335,8 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None
     """The kernel `gemv` runs for M rows of activations on a K x N layer, in words (what `w4 gemv`
     prints): "gemv" (the GEMV, one launch: M <= 8, and past that on latency-bound layers, where
     the batch kernels' staging costs more than it saves: M <= 16 on layers of at most
-    GEMV_MEDIUM_LAYER weights, M <= GEMV_MAX_M on layers of at most TINY_LAYER), "batch" (the
+    GEMV_MEDIUM_LAYER weights, M < WGMMA_OVER_GEMV_M there where wgmma exists, M <= GEMV_MAX_M on
+    layers of at most TINY_LAYER), "batch" (the
     mma.sync batch kernel, one read of the weight: M <= 64; where wgmma exists, M <= 16 on layers
     of at least WGMMA_SMALL_M_LAYER weights, and M <= 32 where the wgmma kernel would fall back to
     one tile, `wgmma_one_tile_fallback`), "wgmma" (the barrier wgmma batch kernel, up to
@@ -349,7 +351,8 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None
     (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
-    if m <= GEMV_TILE_M or (m <= 2 * GEMV_TILE_M and k * n <= GEMV_MEDIUM_LAYER) or (m <= GEMV_MAX_M and k * n <= TINY_LAYER):
+    medium_max_m = WGMMA_OVER_GEMV_M - 1 if wgmma else 2 * GEMV_TILE_M
+    if m <= GEMV_TILE_M or (m <= medium_max_m and k * n <= GEMV_MEDIUM_LAYER) or (m <= GEMV_MAX_M and k * n <= TINY_LAYER):
         return "gemv"
     if m >= TINY_LAYER_DEQUANT_M and k * n <= TINY_LAYER:
         return "dequant+cuBLAS"
