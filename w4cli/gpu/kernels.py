@@ -336,15 +336,13 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None
     prints): "gemv" (the GEMV, one launch: M <= 8, and past that on latency-bound layers, where
     the batch kernels' staging costs more than it saves: M <= 16 on layers of at most
     GEMV_MEDIUM_LAYER weights, M < WGMMA_OVER_GEMV_M there where wgmma exists, M <= GEMV_MAX_M on
-    layers of at most TINY_LAYER), "batch" (the
-    mma.sync batch kernel, one read of the weight: M <= 64; where wgmma exists, M <= 16 on layers
-    of at least WGMMA_SMALL_M_LAYER weights, and M <= 32 where the wgmma kernel would fall back to
-    one tile, `wgmma_one_tile_fallback`), "wgmma" (the barrier wgmma batch kernel, up to
-    WS_MIN_M - 1 rows on compute capability 9.0),
+    layers of at most TINY_LAYER), "batch" (the mma.sync batch kernel, one read of the weight:
+    M <= 64; where wgmma exists, M <= 16 on layers of at least WGMMA_SMALL_M_LAYER weights, and
+    M <= 32 where the wgmma kernel would fall back to one tile, `wgmma_one_tile_fallback`),
+    "wgmma" (the barrier wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch per WS_MAX_M rows, from WS_MIN_M
-    rows on compute capability 9.0), "batch xC" (C launches of at most 64 rows, each
-    reading the weight), or
-    "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
+    rows on compute capability 9.0), "batch xC" (C launches of at most 64 rows, each reading the
+    weight), or "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
     the wgmma kernels (None: this machine's, `has_wgmma`); `sms`: the GPU's SMs (None: this
     machine's, `sm_count`). The limits are contract.py's, measured on the H100 and H200
