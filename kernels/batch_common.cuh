@@ -354,8 +354,9 @@ inline void plan_splits(int requested, int kblocks, int row_blocks, int sms, int
       const int64_t blocks = (int64_t)row_blocks * s;
       const int64_t rounds = (blocks + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
       // Blocks that share an SM: the mma.sync kernel's split them its bytes; the wgmma kernel's
-      // (M <= 32: two an SM) each run about as fast as one alone, being bound by latency, not by
-      // the SM's bytes (H100, 28672x8192 at M = 32: 3 splits 75 us, 2 splits 108 us).
+      // (M <= 32: two an SM) each take 27-40% longer than one alone (H100, per-block stamps at
+      // M = 32, dev/probes/barrier_timeline.py), two blocks' work in well under twice the time, so
+      // a round of two an SM is counted as one (28672x8192 at M = 32: 3 splits 75 us, 2 splits 108).
       const int64_t busiest = sum == SplitSum::kCluster ? rounds : (blocks + sms - 1) / sms;
       const int64_t split_cost = sum == SplitSum::kCluster ? busiest * M * rows * 4 + 2 * kSplitLatencyBytes
                                                            : busiest * M * rows * 8 + s * kSplitLatencyBytes;
