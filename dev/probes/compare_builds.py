@@ -104,6 +104,10 @@ PATCHES["cluster_slack"] = [("gemm_w4a16_wgmma.cu",
                              "    const int64_t clusters = max_active_clusters(fn, threads, smem, splits);\n",
                              "    const int64_t clusters = max_active_clusters(fn, threads, smem, splits) - 1;\n")]
 
+# both: the permute kernel's blocks out of the GEMM's way on every count (carveout) and gone before
+# the GEMM's blocks are placed (no PDL)
+PATCHES["carveout_no_pdl"] = PATCHES["permute_carveout"] + PATCHES["permute_no_pdl"]
+
 # the warp-specialised kernel's two tensor maps prefetched at entry by its first thread, so that the
 # producer's first copies do not wait for the descriptors (the timeline's prologue: stage 0 issued
 # 0.7 us after the producer began, landed 1.1 us after that, H200)
