@@ -1349,9 +1349,10 @@ __global__ void __launch_bounds__(256) permute_x_kernel(const uint32_t* __restri
 // The x a launch stages, and its row length: x itself, or x_perm [M, Kp] at the scratch's start,
 // written by permute_x_kernel (launched here, `pdl` as asked; the GEMM then follows it with PDL).
 // The permute kernel asks for the largest shared-memory carveout, the GEMMs' own: under PDL the
-// GEMM's blocks are placed while its blocks still run, and an SM whose carveout would have to
-// change takes none of them until it drains (H100, 14336x4096 at M = 24-32: 7-15% faster, and no more launches whose
-// last cluster waits a whole wave; dev/LOG.md).
+// GEMM's blocks are placed while its blocks still run, and an SM that would have to change its
+// carveout first took none of them until it drained (the reading that fits the H100's numbers:
+// 14336x4096 at M = 24-32 7-15% faster with it, and no launch whose last cluster waits a whole
+// wave; dev/LOG.md, twenty-fifth session).
 cudaError_t stage_x(bool natural, const void* x, void* scratch, int64_t M, int64_t K, bool* pdl, cudaStream_t stream,
                     const void** staged, int* cols) {
   if (natural) {
