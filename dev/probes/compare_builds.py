@@ -108,23 +108,11 @@ PATCHES["cluster_slack"] = [("gemm_w4a16_wgmma.cu",
 # the GEMM's blocks are placed (no PDL)
 PATCHES["carveout_no_pdl"] = PATCHES["permute_carveout"] + PATCHES["permute_no_pdl"]
 
-# the permute kernel with the default carveout again, as before 77b5fe1 ...
+# the permute kernel with the default carveout again, as before 77b5fe1
 PATCHES["no_carveout"] = [("gemm_w4a16_wgmma.cu", """  cudaError_t err = cudaFuncSetAttribute(permute_x_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                          cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   err = launch_kernel(""", "  const cudaError_t err = launch_kernel(")]
-# ... or only ahead of the warp-specialised kernel (a second instance of the permute kernel, since
-# the carveout is an attribute of the function): does the carveout cost the 8B step at M = 64?
-PATCHES["ws_default_carveout"] = [
-    ("gemm_w4a16_wgmma.cu", "__global__ void __launch_bounds__(256) permute_x_kernel(",
-     "template <int kTag>\n__global__ void __launch_bounds__(256) permute_x_kernel("),
-    ("gemm_w4a16_wgmma.cu", "cudaError_t stage_x(bool natural,", "template <int kTag>\ncudaError_t stage_x(bool natural,"),
-    ("gemm_w4a16_wgmma.cu", "  cudaError_t err = cudaFuncSetAttribute(permute_x_kernel, ",
-     "  cudaError_t err = kTag != 0 ? cudaSuccess : cudaFuncSetAttribute(permute_x_kernel<0>, "),
-    ("gemm_w4a16_wgmma.cu", "  err = launch_kernel(permute_x_kernel, ", "  err = launch_kernel(permute_x_kernel<kTag>, "),
-    ("gemm_w4a16_wgmma.cu", "  const cudaError_t err = stage_x(", "  const cudaError_t err = stage_x<0>("),
-    ("gemm_w4a16_wgmma.cu", "  cudaError_t err = stage_x(", "  cudaError_t err = stage_x<1>("),
-]
 
 # The barrier kernel launched after its permute kernel without PDL only where two m64 tiles a
 # warpgroup (two blocks an SM filling the register file, so that an SM still running a permute block
