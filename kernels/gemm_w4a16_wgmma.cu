@@ -1352,7 +1352,7 @@ __global__ void __launch_bounds__(256) permute_x_kernel(const uint32_t* __restri
 // GEMM's blocks are placed while its blocks still run, and an SM that would have to change its
 // carveout first took none of them until it drained (the reading that fits the H100's numbers:
 // 14336x4096 at M = 24-32 7-15% faster with it, and no launch whose last cluster waits a whole
-// wave; dev/LOG.md, twenty-fifth session).
+// wave; dev/LOG.md).
 cudaError_t stage_x(bool natural, const void* x, void* scratch, int64_t M, int64_t K, bool* pdl, cudaStream_t stream,
                     const void** staged, int* cols) {
   if (natural) {
