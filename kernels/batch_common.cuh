@@ -325,8 +325,8 @@ enum class SplitSum { kGlobal, kCluster };
 constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 
 // Whether blocks of 256 rows of N fill the GPU's SMs: alone (at least 4/5 of a block an SM), or
-// four splits of them (15/16 of the SMs). Both batch planners choose their row tiles by these
-// (two m64 or 16-row tiles a warp); w4cli/gpu/kernels.py's wgmma_one_tile_fallback repeats them.
+// four splits of them (15/16 of the SMs). The batch planners choose their row tiles by these (two
+// m64 or 16-row tiles a warp; the mma.sync kernel's by the first alone).
 inline bool rows256_fill_alone(int64_t N, int sms) { return N * 5 >= (int64_t)sms * 256 * 4; }
 inline bool rows256_fill_split(int64_t N, int sms) { return (N + 255) / 256 * 4 * 16 >= (int64_t)sms * 15; }
 

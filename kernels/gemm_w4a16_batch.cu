@@ -43,12 +43,11 @@
 //
 // Launch shape: grid (ceil(N / R), S), block 256 threads, dynamic shared memory 4 stages of 21-35
 // KB. NB = ceil(M / 8) rounded up to 2, 4 or 8; NT (1 or 2) and S are chosen by
-// plan_gemm_w4a16_batch: NT = 2 unless that leaves SMs idle (M > 16 and N < 0.8 x 256 x SMs; on
-// Hopper also at M <= 32 on long layers, default_tiles), S by a model of the bytes through the
-// busiest SM.
+// plan_gemm_w4a16_batch: NT = 2 unless that leaves SMs idle (M > 16 and N < 0.8 x 256 x SMs),
+// S by a model of the bytes through the busiest SM.
 // Constraints (checked by kernels/ops.cpp; the launcher returns cudaErrorInvalidValue otherwise):
 //   1 <= M <= 64 (w4cli.gpu.kernels.gemv sends it 9..64; on Hopper 9..16 on layers of 8192x8192
-//   weights or more, and 25..32 where the wgmma kernel's two tiles are unsteady: gemv_path),
+//   weights or more: gemv_path),
 //   N % 8 == 0, K % 8 == 0, K % G == 0,
 //   G % 32 == 0 or G == K, K < 2^21, N < 2^31, scales 16-byte aligned; partial [S, M, N] fp32
 //   and counters [ceil(N / R)] int32 scratch when S > 1 (the launch zeroes them first).
@@ -244,15 +243,8 @@ bool post_scale(int64_t K, int64_t G, int nb, int tiles) {
 // NB token tiles (M rounded up to 16, 32 or 64) and NT 16-row tiles per warp: NT = 2 halves the
 // activation traffic per weight byte, NT = 1 doubles the blocks (and, at M > 16 where NT = 2 holds
 // one block per SM, the warps) that hide latency; `tiles` = 0 takes the default.
-// NT = 2 unless it leaves SMs idle. On Hopper this kernel runs past 16 tokens only where the wgmma
-// kernel's two tiles are unsteady (w4cli/gpu/kernels.py, wgmma_one_tile_fallback: K over 64
-// k-blocks, four splits of 256-row blocks filling the SMs); there two tiles are 7-14% faster than
-// one up to 32 tokens (28672x8192, H100 and H200).
-int default_tiles(int64_t M, int64_t K, int64_t N, int sms, bool hopper) {
-  return M <= 16 || rows256_fill_alone(N, sms) || (hopper && M <= 32 && K > 64 * 128 && rows256_fill_split(N, sms))
-             ? 2
-             : 1;
-}
+// NT = 2 unless it leaves SMs idle.
+int default_tiles(int64_t M, int64_t N, int sms) { return M <= 16 || rows256_fill_alone(N, sms) ? 2 : 1; }
 
 bool pick_variant(int64_t M, int64_t K, int64_t G, int tiles, Variant* v) {
   const int nb = M <= 16 ? 2 : M <= 32 ? 4 : 8;
@@ -289,7 +281,7 @@ cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, in
                        : plan_gemm_w4a16_ws(M, K, N, G, splits, tiles, order, plan);
   }
   if (kernel != 1 || order != 0) return cudaErrorInvalidValue;
-  if (tiles == 0 && shapes_ok(M, K, N, G)) tiles = default_tiles(M, K, N, sms, hopper);
+  if (tiles == 0 && shapes_ok(M, K, N, G)) tiles = default_tiles(M, N, sms);
   Variant v;
   if (!shapes_ok(M, K, N, G) || splits < 0 || splits > 64 || tiles < 0 || !pick_variant(M, K, G, tiles, &v))
     return cudaErrorInvalidValue;

@@ -64,7 +64,8 @@
 // Split-K: the S blocks of a row range are one thread block cluster and add their partials
 // through distributed shared memory ("split-K within a cluster" below; deterministic, in split
 // order). With PDL the kernel asks for its first stage's weights, scales and zeros while the kernel
-// before (or its own permute_x_kernel) still runs, its activations after pdl_wait.
+// before (or its own permute_x_kernel) still runs, its activations after pdl_wait; after its
+// permute kernel it is launched without PDL where the plan says so (`permute_pdl`, below).
 //
 // Launch shape: permute_x_kernel in the permuted order, then grid (ceil(N / R), S) in clusters of
 // (1, S, 1) (S <= 8),
@@ -1388,14 +1389,9 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   // 132 SMs), and lose where fewer row blocks need eight splits of a few k-blocks each or leave
   // SMs idle (H100 at M = 17-32, dev/LOG.md: 17-19% faster on 28672x8192 at M <= 24 and on
   // 8192x10240, 2-9% on 8192x8192; 30-40% slower on 14336x4096 and 4096x4096, 4-12% on 4096x6144).
-  // On 28672x8192 they run in one of two modes from one measurement to the next, whatever the build
-  // (H100: 61 or 73 us at M = 17, under one tile's 75; H100 and H200: 70 or 84-89 at M = 32, against
-  // one tile's 74-78; not explained): so past 24 tokens on more than 64 k-blocks one tile, unless the
-  // row blocks alone fill the SMs (w4cli/gpu/kernels.py's wgmma_one_tile_fallback makes the same
-  // test and sends those launches to the mma.sync kernel's two tiles, faster there). At M > 64 only
-  // one fits in registers.
+  // At M > 64 only one fits in registers.
   const bool fill_alone = rows256_fill_alone(N, sms), fill_split = rows256_fill_split(N, sms);
-  if (tiles == 0) tiles = M <= 64 && (fill_alone || (fill_split && (M <= 24 || K <= 64 * 128))) ? 2 : 1;
+  if (tiles == 0) tiles = M <= 64 && (fill_alone || fill_split) ? 2 : 1;
   WgVariant v;
   int natural = 0;
   if (!wgmma_shapes_ok(M, kWgmmaMaxM, K, N, G) || splits < 0 || splits > 64 ||
@@ -1425,6 +1421,13 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->m_tiles = 1;
   plan->kernel = 2;
   plan->natural = natural;
+  // Past 24 tokens on more than 64 k-blocks, where four splits of the row blocks fill the SMs and
+  // the row blocks alone do not (28672x8192 at M = 25-32), two tiles launched under PDL after their
+  // permute kernel run in one of two modes from one launch to the next (H100: 57 or 67-69 us at
+  // M = 25-28, 68-69 at 32: one cluster in a second wave, dev/probes/barrier_timeline.py); launched
+  // after it without PDL they run a steady 59-61, faster than one tile (66) and the mma.sync
+  // kernel (64-69). At M <= 24 the same launch is steady under PDL, and 4% slower without it.
+  plan->permute_pdl = natural || tiles != 2 || M <= 24 || kblocks <= 64 || !fill_split || fill_alone ? 1 : 0;
   plan->ctas = plan->sk_tiles = plan->sk_blocks = 0;
   plan->scratch_bytes = x_perm_bytes(natural, M, K);
   return cudaSuccess;
@@ -1446,6 +1449,7 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t*
   int cols = 0;
   const cudaError_t err = stage_x(natural, x, scratch, M, K, &pdl, stream, &staged, &cols);
   if (err != cudaSuccess) return err;
+  if (!natural && !plan.permute_pdl) pdl = false;
   BatchArgs a = batch_args(staged, qweight, qzeros, scales, bias, y, nullptr, nullptr, M, K, N, G);
   a.x_stride = a.x_cols = cols;
   a.kb_per_split = plan.kb_per_split;

@@ -66,6 +66,7 @@ struct BatchPlan {
   int ctas;             // kernel 3's persistent grid (0: split-K in clusters, or kernels 1-2)
   int sk_tiles, sk_blocks;  // kernel 3's tiles shared out by stream-K, and among how many of the ctas
   int natural;          // kernels 2 and 3: 1 = x staged as it lies, 0 = permuted first (`order`)
+  int permute_pdl;      // kernel 2: 1 = launched with PDL after its permute kernel (0 where that runs slow)
   int64_t scratch_bytes;  // the scratch kernels 2 and 3 need (0 for kernel 1)
 };
 cudaError_t plan_gemm_w4a16_batch(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int tiles, int kernel,

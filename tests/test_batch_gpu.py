@@ -46,16 +46,20 @@ def test_exact_every_batch_size_with_bias(kernels, m):
 
 
 # Past 24 tokens on a layer of more than 64 k-blocks whose four splits of 256-row blocks fill the SMs
-# but whose row blocks alone do not, Hopper's path is the mma.sync kernel with two tiles (the wgmma
-# kernel's two are unsteady there, gemv_path); K = 8320 is 65 k-blocks, N = 8200 33 row blocks of 256
+# but whose row blocks alone do not, the barrier wgmma kernel's two tiles follow their permute kernel
+# without PDL (its planner); K = 8320 is 65 k-blocks, N = 8200 33 row blocks of 256. In a PDL chain
+# captured in a graph the next layer still reads only what this one wrote.
 @pytest.mark.parametrize("m", [24, 25, 32])
-def test_exact_long_layer_past_the_wgmma_kernels_two_tiles(kernels, m):
+def test_exact_long_layer_two_tiles_after_the_permute_kernel(kernels, m):
     k, n, g = 8320, 8200, 128
-    wgmma = kernels.has_wgmma()
-    assert kernels.gemv_path(m, k, n) == ("wgmma" if wgmma and m <= 24 else "batch")
+    assert kernels.gemv_path(m, k, n) == ("wgmma" if kernels.has_wgmma() else "batch")
     layer = make_layer(k, n, g, seed=m, exact=True)
     x = activations(m, k, seed=300 + m, exact=True)
     assert_exact(kernels.gemv(x, **layer), w4_gemv.gemv_reference(x, **layer))
+    before = make_layer(4096, k, g, seed=400 + m, exact=False)
+    after = make_layer(n, 4096, n, seed=500 + m, exact=False)  # one group: no multiple of 32 divides 8200
+    assert_pdl_chain_replays(kernels, before, layer, m, 4096)
+    assert_pdl_chain_replays(kernels, layer, after, m, k)
 
 
 # (K, N, G): groups of 32, 64, 128, 256 and one group; K % 128 != 0 (a partial last k-block,

@@ -258,24 +258,15 @@ def test_gemv_paths_by_batch_size_and_shape():
         assert kernels.gemv_path(TINY_LAYER_DEQUANT_M, *medium, wgmma=wgmma) != "dequant+cuBLAS"
 
 
-def test_long_layers_past_the_wgmma_kernels_two_tiles_take_the_mma_sync_kernel():
+def test_long_layers_take_the_wgmma_kernel_up_to_its_last_row():
     from w4cli.gpu import kernels
-    from w4cli.gpu.contract import WGMMA_LONG_K, WGMMA_TWO_TILE_MAX_M, WS_MIN_M
+    from w4cli.gpu.contract import WGMMA_MIN_M, WS_MIN_M
 
-    down = (28672, 8192)  # Llama-3-70B's down_proj: 224 k-blocks, 32 row blocks of 256
-    for sms in (None, 132):  # None: this machine's count, the H100's and H200's without a GPU
-        assert kernels.gemv_path(WGMMA_TWO_TILE_MAX_M, *down, wgmma=True, sms=sms) == "wgmma"
-        for m in (WGMMA_TWO_TILE_MAX_M + 1, WS_MIN_M - 1):
-            assert kernels.gemv_path(m, *down, wgmma=True, sms=sms) == "batch"
-            assert kernels.gemv_path(m, *down, wgmma=False, sms=sms) == "batch"
-        assert kernels.gemv_path(WS_MIN_M, *down, wgmma=True, sms=sms) == "wgmma ws"
-    m = WS_MIN_M - 1
-    # the wgmma planner's own tiles stand where its row blocks alone fill the SMs (two), where four
-    # splits of them do not (one: two would leave SMs idle), and up to WGMMA_LONG_K
-    assert kernels.gemv_path(m, 8192, 28672, wgmma=True, sms=132) == "wgmma"
-    assert kernels.gemv_path(m, 14336, 4096, wgmma=True, sms=132) == "wgmma"
-    assert kernels.gemv_path(m, WGMMA_LONG_K, 8192, wgmma=True, sms=132) == "wgmma"
-    assert kernels.gemv_path(m, WGMMA_LONG_K + 128, 8192, wgmma=True, sms=132) == "batch"
-    # the same layer on a GPU of more SMs: four splits of 32 row blocks no longer fill them
-    assert kernels.gemv_path(m, *down, wgmma=True, sms=144) == "wgmma"
-    assert kernels.gemv_path(m, *down, wgmma=True, sms=136) == "batch"
+    # Llama-3-70B's down_proj (224 k-blocks, 32 row blocks of 256) and a layer of 65 k-blocks: the
+    # barrier wgmma kernel from WGMMA_MIN_M rows to the warp-specialised kernel's first
+    for down in ((28672, 8192), (8320, 8200)):
+        assert kernels.gemv_path(WGMMA_MIN_M - 1, *down, wgmma=True) == "batch"
+        for m in (WGMMA_MIN_M, 24, 25, WS_MIN_M - 1):
+            assert kernels.gemv_path(m, *down, wgmma=True) == "wgmma"
+            assert kernels.gemv_path(m, *down, wgmma=False) == "batch"
+        assert kernels.gemv_path(WS_MIN_M, *down, wgmma=True) == "wgmma ws"

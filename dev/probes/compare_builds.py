@@ -114,19 +114,9 @@ PATCHES["no_carveout"] = [("gemm_w4a16_wgmma.cu", """  cudaError_t err = cudaFun
   if (err != cudaSuccess) return err;
   err = launch_kernel(""", "  const cudaError_t err = launch_kernel(")]
 
-# The barrier kernel launched after its permute kernel without PDL only where two m64 tiles a
-# warpgroup (two blocks an SM filling the register file, so that an SM still running a permute block
-# takes one GEMM block) meet a permute grid longer than one block an SM (28672x8192 at M = 17-32:
-# 238-448 blocks; 4096x14336's 34-64, where no PDL cost 3-4%)
-PATCHES["long_permute_no_pdl"] = [("gemm_w4a16_wgmma.cu", """  const cudaError_t err = stage_x(natural, x, scratch, M, K, &pdl, stream, &staged, &cols);
-  if (err != cudaSuccess) return err;""", """  const cudaError_t err = stage_x(natural, x, scratch, M, K, &pdl, stream, &staged, &cols);
-  if (err != cudaSuccess) return err;
-  if (!natural && plan.tiles == 2) {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if ((M * ((K + 127) / 128) * 16 + 255) / 256 > sms) pdl = false;
-  }""")]
+# The barrier kernel under PDL after its permute kernel everywhere again, as before the planner's
+# permute_pdl (28672x8192's two tiles at M = 25-32)
+PATCHES["permute_pdl_everywhere"] = [("gemm_w4a16_wgmma.cu", "  if (!natural && !plan.permute_pdl) pdl = false;\n", "")]
 
 # the warp-specialised kernel's two tensor maps prefetched at entry by its first thread, so that the
 # producer's first copies do not wait for the descriptors (the timeline's prologue: stage 0 issued

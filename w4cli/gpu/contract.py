@@ -40,12 +40,6 @@ BATCH_CHUNKED_MAX_M = 128
 WGMMA_MIN_M = 17
 WGMMA_MAX_M = 128
 WGMMA_SMALL_M_LAYER = 8192 * 8192
-# Past WGMMA_TWO_TILE_MAX_M tokens on layers of more than WGMMA_LONG_K k the wgmma kernel's two m64
-# tiles a warpgroup run in a slow mode at random (kernels/gemm_w4a16_wgmma.cu's planner); where that
-# planner would fall back to one tile, the mma.sync kernel with two is 8-13% faster up to 32 tokens
-# (28672x8192, H100 and H200)
-WGMMA_TWO_TILE_MAX_M = 24
-WGMMA_LONG_K = 64 * 128
 # from WS_MIN_M rows, the warp-specialised wgmma kernel (a producer warp feeding the MMA warps
 # through the bulk and tensor copy engines): any M up to WS_MAX_M in one launch, one read of the
 # weight per tile of up to WS_TILE_M tokens; from 33 rows it beats the barrier wgmma kernel on

@@ -48,12 +48,10 @@ from w4cli.gpu.contract import (
     OUT_DTYPES,
     TINY_LAYER,
     TINY_LAYER_DEQUANT_M,
-    WGMMA_LONG_K,
     WGMMA_MAX_M,
     WGMMA_MIN_M,
     WGMMA_OVER_GEMV_M,
     WGMMA_SMALL_M_LAYER,
-    WGMMA_TWO_TILE_MAX_M,
     WS_MAX_M,
     WS_MIN_M,
 )
@@ -310,43 +308,20 @@ def has_wgmma() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def sm_count() -> int:
-    """This machine's GPU's SMs; without a CUDA GPU the H100's and H200's 132, which the paths'
-    limits were measured on."""
-    if not torch.cuda.is_available():
-        return 132
-    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-
-
-def wgmma_one_tile_fallback(m: int, k: int, n: int, sms: int | None = None) -> bool:
-    """Does the wgmma kernel's planner (plan_gemm_w4a16_wgmma) take one m64 tile a warpgroup where
-    two would fill the SMs, because its two are unsteady past WGMMA_TWO_TILE_MAX_M tokens on long
-    layers? The same test as that planner's (kernels/batch_common.cuh's rows256_fill_alone and
-    rows256_fill_split), on the same numbers; `sms` None: this machine's."""
-    if m <= WGMMA_TWO_TILE_MAX_M or k <= WGMMA_LONG_K:
-        return False
-    sms = sm_count() if sms is None else sms
-    fill_alone = n * 5 >= sms * 256 * 4
-    fill_split = (n + 255) // 256 * 4 * 16 >= sms * 15
-    return fill_split and not fill_alone
-
-
-def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None = None) -> str:
+def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None) -> str:
     """The kernel `gemv` runs for M rows of activations on a K x N layer, in words (what `w4 gemv`
     prints): "gemv" (the GEMV, one launch: M <= 8, and past that on latency-bound layers, where
     the batch kernels' staging costs more than it saves: M <= 16 on layers of at most
     GEMV_MEDIUM_LAYER weights, M < WGMMA_OVER_GEMV_M there where wgmma exists, M <= GEMV_MAX_M on
     layers of at most TINY_LAYER), "batch" (the mma.sync batch kernel, one read of the weight:
-    M <= 64; where wgmma exists, M <= 16 on layers of at least WGMMA_SMALL_M_LAYER weights, and
-    M <= 32 where the wgmma kernel would fall back to one tile, `wgmma_one_tile_fallback`),
+    M <= 64; where wgmma exists, M <= 16 on layers of at least WGMMA_SMALL_M_LAYER weights),
     "wgmma" (the barrier wgmma batch kernel, up to WS_MIN_M - 1 rows on compute capability 9.0),
     "wgmma ws" (the warp-specialised wgmma kernel, one launch per WS_MAX_M rows, from WS_MIN_M
     rows on compute capability 9.0), "batch xC" (C launches of at most 64 rows, each reading the
     weight), or "dequant+cuBLAS" (the fp16 weight rebuilt on the GPU, then torch's matmul; also from M = 64
     on layers of at most TINY_LAYER weights, which fill too few SMs). `wgmma`: whether the GPU has
-    the wgmma kernels (None: this machine's, `has_wgmma`); `sms`: the GPU's SMs (None: this
-    machine's, `sm_count`). The limits are contract.py's, measured on the H100 and H200
-    (docs/performance.md)."""
+    the wgmma kernels (None: this machine's, `has_wgmma`). The limits are contract.py's, measured
+    on the H100 and H200 (docs/performance.md)."""
     if wgmma is None:
         wgmma = has_wgmma()
     medium_max_m = WGMMA_OVER_GEMV_M - 1 if wgmma else 2 * GEMV_TILE_M
@@ -356,8 +331,6 @@ def gemv_path(m: int, k: int, n: int, wgmma: bool | None = None, sms: int | None
         return "dequant+cuBLAS"
     if wgmma and m >= WS_MIN_M:
         return "wgmma ws"
-    if wgmma and wgmma_one_tile_fallback(m, k, n, sms):
-        return "batch"
     if wgmma and (m >= WGMMA_MIN_M or k * n < WGMMA_SMALL_M_LAYER):
         return "wgmma"
     if m <= BATCH_MAX_M:
