@@ -118,6 +118,20 @@ PATCHES["no_carveout"] = [("gemm_w4a16_wgmma.cu", """  cudaError_t err = cudaFun
 # permute_pdl (28672x8192's two tiles at M = 25-32)
 PATCHES["permute_pdl_everywhere"] = [("gemm_w4a16_wgmma.cu", "  if (!natural && !plan.permute_pdl) pdl = false;\n", "")]
 
+# The barrier kernel's scale after the wgmma on two m64 tiles of 32 tokens too, at one block an SM
+# there (its second set of sums spills at two): where a layer's two-tile blocks are about one an SM
+# anyway (8192x8192 at M = 17-32: 32 row blocks in clusters of 4) the 7-10% fewer instructions of
+# one tile's post-scale, at the cost of the second block an SM elsewhere (8192x28672: 112 row blocks)
+PATCHES["post_two_tiles"] = [
+    ("gemm_w4a16_wgmma.cu", "__global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)\n    gemm_w4a16_wgmma_kernel(",
+     "__global__ void __launch_bounds__(kBatchThreads, MT <= 32 && !(kPost && NT == 2 && MT == 32) ? 2 : 1)\n"
+     "    gemm_w4a16_wgmma_kernel("),
+    ("gemm_w4a16_wgmma.cu", "K >= 4096 && (M <= 16 || (M <= 32 && tiles == 1));", "K >= 4096 && M <= 32;"),
+    ("gemm_w4a16_wgmma.cu", "  if (post && (mt > 32 || (mt == 32 && tiles != 1))) return false;", "  if (post && mt > 32) return false;"),
+    ("gemm_w4a16_wgmma.cu", "    case 322: *v = wg_variant<32, 2>(); return true;",
+     "    case 322: *v = post ? wg_variant<32, 2, true>() : wg_variant<32, 2>(); return true;"),
+]
+
 # the warp-specialised kernel's two tensor maps prefetched at entry by its first thread, so that the
 # producer's first copies do not wait for the descriptors (the timeline's prologue: stage 0 issued
 # 0.7 us after the producer began, landed 1.1 us after that, H200)
