@@ -1423,10 +1423,11 @@ cudaError_t plan_gemm_w4a16_wgmma(int64_t M, int64_t K, int64_t N, int64_t G, in
   plan->natural = natural;
   // Past 24 tokens on more than 64 k-blocks, where four splits of the row blocks fill the SMs and
   // the row blocks alone do not (28672x8192 at M = 25-32), two tiles launched under PDL after their
-  // permute kernel run in one of two modes from one launch to the next (H100: 57 or 67-69 us at
+  // permute kernel ran in one of two modes from one launch to the next (H100: 57 or 67-69 us at
   // M = 25-28, 68-69 at 32: one cluster in a second wave, dev/probes/barrier_timeline.py); launched
   // after it without PDL they run a steady 59-61, faster than one tile (66) and the mma.sync
-  // kernel (64-69). At M <= 24 the same launch is steady under PDL, and 4% slower without it.
+  // kernel (64-72; the H200 alike). At M <= 24 the same launch is steady under PDL, and 4% slower
+  // without it.
   plan->permute_pdl = natural || tiles != 2 || M <= 24 || kblocks <= 64 || !fill_split || fill_alone ? 1 : 0;
   plan->ctas = plan->sk_tiles = plan->sk_blocks = 0;
   plan->scratch_bytes = x_perm_bytes(natural, M, K);
