@@ -140,6 +140,7 @@ __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
   if constexpr (kPair) {
     __syncwarp();
     if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
+    __syncwarp();  // (converged again: else ptxas took the pairs' stream-K walk off the uniform datapath)
   }
 }
 
@@ -560,8 +561,9 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 //               over every SM is modelled cheaper (the clusters that fit at once can leave SMs idle).
 //   pairs       variant 6, x as it lies: clusters of two blocks on neighbouring row blocks of one
 //               token tile, each tensor-copying half of every x atom's tokens into both (multicast),
-//               persistent over the pairs of tiles (no split-K, no stream-K); a stage is refilled
-//               once both blocks released it (release_stage).
+//               persistent over the pairs of tiles (no split-K; past one wave of pairs, the last
+//               shared out by stream-K over the clusters, both blocks of a cluster cut at the same
+//               k-blocks); a stage is refilled once both blocks released it (release_stage).
 // A last token tile that M does not fill is copied with a box of its own tokens only (xtail, a
 // second map of the same rows): a box reaching past the map's rows is filled there with zeros, and
 // the copy engine does that so slowly that such tiles ran up to twice as long as full ones (H100,
@@ -575,7 +577,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 // zero_flags_kernel where the launch has stream-K.
 // Constraints: as the barrier kernel, with 1 <= M <= 65536; scratch from the caller (WsScratch):
 // x_perm in the permuted order, and for stream-K partial [Q, MT x R] fp32 and flags [Q] int32 for
-// its Q blocks. The tensor maps of x (or x_perm: xmap and xtail) and of the weights are encoded per
+// its Q blocks (2 x its Q clusters in the pairs' launch). The tensor maps of x (or x_perm: xmap and xtail) and of the weights are encoded per
 // launch (x_tensor_map, weight_tensor_map) and passed by value.
 
 // Zeroes the stream-K flags (flags[0 .. n)) of the GEMM launched after it, after pdl_wait: the
@@ -594,7 +596,9 @@ __global__ void __launch_bounds__(256) zero_flags_kernel(int* __restrict__ flags
 // 3 x 168, or the block hangs (seen on the H100 with 2 x 240 + 32).
 constexpr int kWsThreads = kBatchThreads + 128;
 constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
+constexpr int kPairMmaRegs = 224, kPairProducerRegs = 56;
 static_assert(2 * kWsMmaRegs + kWsProducerRegs == 3 * (65536 / kWsThreads / 8 * 8), "the pool the block starts with");
+static_assert(2 * kPairMmaRegs + kPairProducerRegs == 2 * kWsMmaRegs + kWsProducerRegs, "the same pool");
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
 // The warp-specialised kernel's stages: as many as fit the opt-in limit, up to 8 (3 at MT = 256).
@@ -620,75 +624,85 @@ struct WsBarriers {
 };
 
 // One output tile's k-blocks [kb_lo, kb_hi) in a block's work: tile u = mt * row_blocks + cb
-// (tokens mt * MT .., rows cb * R ..).
+// (tokens mt * MT .., rows cb * R ..); `unit`, the walk's unit it lies in (the tile, or the pair of
+// tiles in a pairs launch), which stream-K's cuts count in.
 struct WsSegment {
-  int64_t tile, mt;
+  int64_t tile, mt, unit;
   int cb, kb_lo, kb_hi;
 };
 
-// A block's work, in order. Persistent launch of P blocks over T tiles whose last a.sk_tiles are
-// shared out by stream-K: first the whole tiles c, c + P, c + 2 P, ... below T - sk_tiles (the
-// blocks of a wave walk the same k-blocks at about the same time, and the tiles of one row block
-// share its weights through L2), then the steps [first + S min(c, Q) / Q, first + S min(c + 1, Q) / Q)
-// of the S = sk_tiles x kblocks steps u x kblocks + kb after them, for the first Q = a.sk_blocks
-// blocks (the others' share is empty). Split-K in clusters: one split's k-blocks of one tile.
-// Pairs (kPair, clusters of (1, 2, 1) along the grid's y): cluster blockIdx.x walks the pairs of
-// tiles q = blockIdx.x, blockIdx.x + gridDim.x, ... of the m_tiles x ceil(row_blocks / 2) pairs,
-// pair q holding row blocks 2 j and 2 j + 1 of one token tile, block blockIdx.y the one of them
-// (with an odd row-block count, the last pair's second tile lies past N: computed on zeros, not
-// stored); no stream-K.
-template <bool kPair = false>
+// A block's work, in order. Persistent launch of P blocks over T units (tiles; pairs of tiles in a
+// pairs launch) whose last a.sk_tiles are shared out by stream-K: first the whole units c, c + P,
+// c + 2 P, ... below T - sk_tiles (the blocks of a wave walk the same k-blocks at about the same
+// time, and the tiles of one row block share its weights through L2), then the steps
+// [first + S min(c, Q) / Q, first + S min(c + 1, Q) / Q) of the S = sk_tiles x kblocks steps
+// u x kblocks + kb after them, for the first Q = a.sk_blocks blocks (the others' share is empty).
+// Split-K in clusters: one split's k-blocks of one tile.
+// Pairs (kPair, clusters of (1, 2, 1) along the grid's y): c = blockIdx.x counts clusters, P is
+// the clusters launched, and unit q of the m_tiles x ceil(row_blocks / 2) pairs holds row blocks
+// 2 j and 2 j + 1 of one token tile, block blockIdx.y the one of them (with an odd row-block count,
+// the last pair's second tile lies past N: computed on zeros, not stored). Both blocks of a
+// cluster walk the same units and k-blocks, so that every stage's activations serve both.
+template <bool kPair = false, bool kSplit = false>
 struct WsWork {
-  int64_t next_tile, dp_end;  // the next whole tile (pair), and the first that is not one
-  int64_t step, end;          // the stream-K steps left
+  int64_t next_unit;   // the next whole unit (those below dp_end)
+  int64_t split_tile;  // split-K: the block's one tile (its steps' unit 0)
+  int sk_step, sk_end; // the stream-K steps left, counted from the first unit's k-block 0
 
-  __device__ __forceinline__ WsWork(const BatchArgs& a, bool split) {
-    if (kPair) {
-      next_tile = blockIdx.x;
-      dp_end = (int64_t)a.m_tiles * ((a.row_blocks + 1) / 2);
-      step = end = 0;
-    } else if (split) {
-      const int64_t tile = (int64_t)blockIdx.z * a.row_blocks + blockIdx.x;
+  __device__ __forceinline__ static int64_t units(const BatchArgs& a) {
+    return kPair ? (int64_t)a.m_tiles * ((a.row_blocks + 1) / 2) : (int64_t)a.row_blocks * a.m_tiles;
+  }
+  // The whole units' end, and the first unit of the stream-K steps. (From the arguments where needed
+  // rather than held, and the steps counted in an int from there: the producer warp has 40 registers.)
+  __device__ __forceinline__ static int64_t dp_end(const BatchArgs& a) { return kSplit ? 0 : units(a) - a.sk_tiles; }
+  __device__ __forceinline__ int64_t sk_first(const BatchArgs& a) const { return kSplit ? split_tile : dp_end(a); }
+  __device__ __forceinline__ explicit WsWork(const BatchArgs& a) {
+    if (kSplit) {
       const int kb0 = blockIdx.y * a.kb_per_split;
-      next_tile = dp_end = 0;
-      step = tile * a.kblocks + kb0;
-      end = tile * a.kblocks + min(a.kblocks, kb0 + a.kb_per_split);
+      next_unit = 0;
+      split_tile = (int64_t)blockIdx.z * a.row_blocks + blockIdx.x;
+      sk_step = kb0;
+      sk_end = min(a.kblocks, kb0 + a.kb_per_split);
     } else {
-      dp_end = (int64_t)a.row_blocks * a.m_tiles - a.sk_tiles;
-      next_tile = blockIdx.x;
-      step = sk_begin(a, blockIdx.x);
-      end = sk_begin(a, blockIdx.x + 1);
+      // a share lies within the last sk_tiles units (at most a wave's): its steps fit an int
+      const int64_t first = dp_end(a) * a.kblocks;
+      next_unit = blockIdx.x;
+      split_tile = 0;
+      sk_step = (int)(sk_begin(a, blockIdx.x) - first);
+      sk_end = (int)(sk_begin(a, blockIdx.x + 1) - first);
     }
   }
-  // The first stream-K step of `block`'s share.
+  // The first stream-K step of `block`'s share (`block` counts clusters in a pairs launch).
   __device__ __forceinline__ static int64_t sk_begin(const BatchArgs& a, int block) {
-    const int64_t first = ((int64_t)a.row_blocks * a.m_tiles - a.sk_tiles) * a.kblocks;
+    const int64_t first = dp_end(a) * a.kblocks;
     return a.sk_blocks == 0 ? first : first + (int64_t)a.sk_tiles * a.kblocks * min(block, a.sk_blocks) / a.sk_blocks;
   }
   // The next segment, false when none is left.
   __device__ __forceinline__ bool next(const BatchArgs& a, WsSegment& seg) {
-    if (next_tile < dp_end) {
-      seg.tile = next_tile;
+    if (next_unit < dp_end(a)) {
+      seg.unit = next_unit;
       seg.kb_lo = 0;
       seg.kb_hi = a.kblocks;
-      next_tile += gridDim.x;
-      if (kPair) {
-        const int64_t pairs = (a.row_blocks + 1) / 2;
-        seg.mt = seg.tile / pairs;
-        seg.cb = 2 * (int)(seg.tile - seg.mt * pairs) + (int)blockIdx.y;
-        seg.tile = seg.mt * a.row_blocks + seg.cb;
-        return true;
-      }
-    } else if (step < end) {
-      seg.tile = step / a.kblocks;
-      seg.kb_lo = (int)(step - seg.tile * a.kblocks);
-      seg.kb_hi = (int)min((int64_t)a.kblocks, seg.kb_lo + (end - step));
-      step += seg.kb_hi - seg.kb_lo;
+      next_unit += gridDim.x;
+    } else if (sk_step < sk_end) {
+      const int u = sk_step / a.kblocks;
+      seg.unit = sk_first(a) + u;
+      seg.kb_lo = sk_step - u * a.kblocks;
+      seg.kb_hi = min(a.kblocks, seg.kb_lo + (sk_end - sk_step));
+      sk_step += seg.kb_hi - seg.kb_lo;
     } else {
       return false;
     }
-    seg.mt = seg.tile / a.row_blocks;
-    seg.cb = (int)(seg.tile - seg.mt * a.row_blocks);
+    if (kPair) {
+      const int64_t pairs = (a.row_blocks + 1) / 2;
+      seg.mt = seg.unit / pairs;
+      seg.cb = 2 * (int)(seg.unit - seg.mt * pairs) + (int)blockIdx.y;
+      seg.tile = seg.mt * a.row_blocks + seg.cb;
+    } else {
+      seg.tile = seg.unit;
+      seg.mt = seg.tile / a.row_blocks;
+      seg.cb = (int)(seg.tile - seg.mt * a.row_blocks);
+    }
     return true;
   }
 };
@@ -820,7 +834,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
       tensor_copy_2d_g2s(dst, x, k0, m0, bar, xpolicy);
     }
   };
-  WsWork<kPair> work(a, false);
+  WsWork<kPair> work(a);
   WsSegment seg;
   bool more = work.next(a, seg);
   // bytes the x box of a segment's tile brings
@@ -857,14 +871,20 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
 // A tile whose k-blocks fall into several blocks' ranges: the first block has k-blocks 0 .. j at
 // the end of its range, each later one a piece at the start of its own (or its whole range, where
 // ranges are shorter than a tile: a tile meets as many ranges as it takes). A later block stores its fp32
-// partial tile to global memory in its own registers' order (partial [block][MT R / 4][256
+// partial tile to global memory in its own registers' order (partial [slot][MT R / 4][256
 // threads] float4, one coalesced 512-byte piece a warp and instruction) and raises its flag
-// (counters[block], zeroed by zero_flags_kernel); the first block, at the end of its range, waits for
+// (counters[slot], zeroed by zero_flags_kernel); the first block, at the end of its range, waits for
 // each flag in block order and adds the partials to its own sum in that order, so the bits depend
-// only on where the cuts lie, which depends only on the shape and the SM count.
+// only on where the cuts lie, which depends only on the shape and the SM count. A block's slot is
+// its index, or in a pairs launch (whose ranges are the clusters') 2 x its cluster's + its rank:
+// the two blocks of a cluster cut the two tiles of a pair at the same k-blocks.
+template <bool kPair>
+__device__ __forceinline__ int stream_k_slot(int block) {
+  return kPair ? 2 * block + (int)blockIdx.y : block;
+}
 template <int NT, int NB>
-__device__ __forceinline__ void stream_k_store(const float (&acc)[NT][NB][4], const BatchArgs& a, int block) {
-  float4* part = reinterpret_cast<float4*>(a.partial) + (size_t)block * NT * NB * kBatchThreads + threadIdx.x;
+__device__ __forceinline__ void stream_k_store(const float (&acc)[NT][NB][4], const BatchArgs& a, int slot) {
+  float4* part = reinterpret_cast<float4*>(a.partial) + (size_t)slot * NT * NB * kBatchThreads + threadIdx.x;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -872,18 +892,20 @@ __device__ __forceinline__ void stream_k_store(const float (&acc)[NT][NB][4], co
       __stcg(part + (i * NB + nb) * kBatchThreads, make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]));
   __threadfence();    // this thread's partial is visible device-wide ...
   mma_threads_sync();  // ... and every MMA thread's, before the flag
-  if (threadIdx.x == 0) st_release_gpu(a.counters + block, 1);
+  if (threadIdx.x == 0) st_release_gpu(a.counters + slot, 1);
 }
-// tile_end: the step after the tile's last. Blocks with an empty share store nothing.
-template <int NT, int NB>
-__device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const BatchArgs& a, int64_t tile_end) {
-  for (int block = blockIdx.x + 1; block < a.sk_blocks && WsWork<>::sk_begin(a, block) < tile_end; ++block) {
-    if (WsWork<>::sk_begin(a, block + 1) == WsWork<>::sk_begin(a, block)) continue;
+// unit_end: the step after the unit's last. Blocks with an empty share store nothing.
+template <bool kPair, int NT, int NB>
+__device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const BatchArgs& a, int64_t unit_end) {
+  using Work = WsWork<kPair>;
+  for (int block = blockIdx.x + 1; block < a.sk_blocks && Work::sk_begin(a, block) < unit_end; ++block) {
+    if (Work::sk_begin(a, block + 1) == Work::sk_begin(a, block)) continue;
+    const int slot = stream_k_slot<kPair>(block);
     if (threadIdx.x == 0)
-      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);
+      while (ld_acquire_gpu(a.counters + slot) == 0) __nanosleep(64);
     mma_threads_sync();
     const float4* part =
-        reinterpret_cast<const float4*>(a.partial) + (size_t)block * NT * NB * kBatchThreads + threadIdx.x;
+        reinterpret_cast<const float4*>(a.partial) + (size_t)slot * NT * NB * kBatchThreads + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -907,7 +929,7 @@ __device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const Batc
 template <typename S, int NT, bool kSplit, bool kNatural, bool kPair = false, int MT = S::kTokens>
 __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
                                            int warp, int lane) {
-  WsWork<kPair> work(a, kSplit);
+  WsWork<kPair, kSplit> work(a);
   constexpr int kPasses = OutTile<MT, S::kRows>::kBytes <= S::kStageBytes ? 1 : 2;
   static_assert(OutTile<MT, S::kRows / kPasses>::kBytes <= S::kStageBytes, "the output tile fits a stage");
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
@@ -946,10 +968,10 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
                                         lane);
     } else {
       if (seg.kb_lo > 0) {
-        stream_k_store(acc, a, blockIdx.x);  // a later piece of a tile an earlier block began
+        stream_k_store(acc, a, stream_k_slot<kPair>(blockIdx.x));  // a later piece of a tile an earlier block began
       } else {
         if (seg.kb_hi < a.kblocks)  // later blocks have the rest
-          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);
+          stream_k_add<kPair>(acc, a, (seg.unit + 1) * a.kblocks);
         mma_threads_sync();  // every MMA thread's wgmmas have read the held stage
         store_result_tile<MT, S::kRows, NT, kPasses>(acc, a, smem + held * S::kStageBytes,
                                                      smem0 + held * S::kStageBytes, row0_local, lane,
@@ -1004,7 +1026,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   // the cluster passes; each role passes them in its own branch, so that no code past the branches
   // is bound to the producer's 40 registers.
   if (warp >= kBatchWarps) {
-    setmaxnreg_dec<kWsProducerRegs>();
+    setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();
     if (warp == kBatchWarps) {
       const bool bulk = ws_bulk_constants<S>(a);
       if constexpr (kSplit) {
@@ -1026,7 +1048,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     }
     if constexpr (kPair) cluster_sync();  // neither block leaves while the other may still reach into it
   } else {
-    setmaxnreg_inc<kWsMmaRegs>();
+    setmaxnreg_inc<kPair ? kPairMmaRegs : kWsMmaRegs>();
     ws_consume<S, NT, kSplit, kNatural, kPair>(a, smem, smem0, b, warp, lane);
     if constexpr (kSplit) {
       cluster_sync();
@@ -1152,7 +1174,7 @@ cudaError_t x_tensor_map(const void* x, int64_t M, int64_t cols, int tokens, CUt
 }
 
 // variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1); 6 = 5 in pairs
-// of blocks sharing each stage's activations (x as it lies, no split-K, no stream-K)
+// of blocks sharing each stage's activations (x as it lies, no split-K)
 bool pick_ws_variant(int variant, WsVariant* v) {
   switch (variant) {
     case 1: *v = ws_variant<64, 1>(); return true;
@@ -1291,18 +1313,22 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     if (cost < best_cost) best_cost = cost, best = v;
   }
   if (best == 5 && M > 256) {
-    // Variant 5 in pairs (6) from two token tiles on, where whole waves of pairs leave at most 5% of
-    // the clusters idle (no stream-K fills a last wave): the same cycles a k-block at a higher
-    // clock, the activations' L2 traffic halved under the power limit (dev/LOG.md). Also where
-    // the pairs are one wave filling at least kPairsOneWaveFill of the clusters: there variant 5's
-    // stream-K cuts every tile, and its fix-up, a 128 KB partial stored and read at the end of
-    // the ranges, costs more than the idle clusters (H100: 4096x6144 at M = 512, 48 pairs on 66
-    // clusters, 4% faster; 48 pairs on N = 4096 at M = 640 within 1%).
+    // Variant 5 in pairs (6) from two token tiles on: the same cycles a k-block at a higher clock,
+    // the activations' L2 traffic halved under the power limit (dev/LOG.md). Past one wave of
+    // pairs, as variant 5 runs them (whole waves, the last shared out by stream-K where that pays,
+    // WsSpread) where the driver says how many clusters fit (stream-K's ranges must all be
+    // resident), else where whole waves of pairs leave at most 5% of the clusters idle. Within one
+    // wave, where it fills at least kPairsOneWaveFill of the clusters: there variant 5's stream-K
+    // cuts every tile, and its fix-up, a 128 KB partial stored and read at the end of the ranges,
+    // costs more than the idle clusters (H100: 4096x6144 at M = 512, 48 pairs on 66 clusters, 4%
+    // faster; 48 pairs on N = 4096 at M = 640 within 1%).
     WsVariant pair;
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);
     const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
-    if (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
+    const bool shared_last_wave =
+        pairs > clusters && max_active_clusters(reinterpret_cast<const void*>(pair.pair), kWsThreads, pair.smem, 2) > 0;
+    if (shared_last_wave || pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
         (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))
       return 6;
   }
@@ -1464,14 +1490,16 @@ cudaError_t launch_gemm_w4a16_wgmma(const void* x, void* scratch, const int32_t*
 }
 
 // The scratch of a warp-specialised launch: x_perm [M, Kp] fp16 in the permuted order, then, with
-// stream-K, the partials [sk_blocks, MT x R] fp32 and the flags [sk_blocks] int32.
+// stream-K, the partials [slots, MT x R] fp32 and the flags [slots] int32, a slot a block that
+// shares out the last wave (stream_k_slot: two a cluster in a pairs launch).
 struct WsScratch {
   int64_t x_bytes, partial_bytes, flag_bytes;
-  WsScratch(bool natural, int64_t M, int64_t K, int sk_blocks, int tokens, int rows)
-      : x_bytes(x_perm_bytes(natural, M, K)), partial_bytes((int64_t)sk_blocks * tokens * rows * 4),
-        flag_bytes((int64_t)sk_blocks * 4) {}
+  WsScratch(bool natural, int64_t M, int64_t K, int slots, int tokens, int rows)
+      : x_bytes(x_perm_bytes(natural, M, K)), partial_bytes((int64_t)slots * tokens * rows * 4),
+        flag_bytes((int64_t)slots * 4) {}
   int64_t total() const { return x_bytes + partial_bytes + flag_bytes; }
 };
+int sk_slots(int sk_blocks, const WsVariant& v) { return v.pair != nullptr ? 2 * sk_blocks : sk_blocks; }
 
 cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant, int order,
                                BatchPlan* plan) {
@@ -1500,7 +1528,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const int64_t tiles = (int64_t)row_blocks * m_tiles;
   const WsSpread spread(tiles, kblocks, sms);
   if (v.pair != nullptr) {
-    splits = 1;  // (the pairs: no split, no stream-K)
+    splits = 1;  // (the pairs: no split)
   } else if (splits == 0) {
     splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
@@ -1520,14 +1548,22 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   const bool persistent = plan->splits == 1;
   if (v.pair != nullptr) {  // the pairs of tiles, a cluster of two blocks each, as many as run at once
     const int64_t pairs = (int64_t)m_tiles * ((row_blocks + 1) / 2), clusters = pair_clusters(v, sms);
+    // Past one wave, a last wave shared out by stream-K as variant 5's, over the clusters
+    // (WsSpread), where the driver says how many fit (stream-K's ranges must all be resident);
+    // within one, the pairs' one wave, whose stream-K would cut every pair (variant 5's lost to the
+    // pairs' one wave: H100, 4096x6144 at M = 512, dev/LOG.md).
+    const WsSpread pair_spread(pairs, kblocks, static_cast<int>(clusters));
+    const bool sk = pairs > clusters && pair_spread.sk_tiles > 0 &&
+                    max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2) > 0;
     plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
-    plan->sk_tiles = plan->sk_blocks = 0;
+    plan->sk_tiles = sk ? pair_spread.sk_tiles : 0;
+    plan->sk_blocks = sk ? pair_spread.sk_blocks : 0;
   } else {
     plan->ctas = persistent ? spread.ctas : 0;
     plan->sk_tiles = persistent ? spread.sk_tiles : 0;
     plan->sk_blocks = persistent ? spread.sk_blocks : 0;
   }
-  plan->scratch_bytes = WsScratch(natural, M, K, plan->sk_blocks, v.tokens, v.rows).total();
+  plan->scratch_bytes = WsScratch(natural, M, K, sk_slots(plan->sk_blocks, v), v.tokens, v.rows).total();
   return cudaSuccess;
 }
 
@@ -1540,11 +1576,16 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
       !pick_k_order(plan.natural ? 2 : 1, K, N, G, v.tokens, kWsSmallLayer, &natural) || plan.splits < 1 ||
       plan.splits > kMaxClusterSplits || plan.m_tiles != (M + v.tokens - 1) / v.tokens ||
       plan.row_blocks != (N + v.rows - 1) / v.rows || (plan.splits > 1) != (plan.ctas == 0) || plan.sk_tiles < 0 ||
-      plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > plan.ctas ||
-      plan.sk_tiles > (int64_t)plan.row_blocks * plan.m_tiles ||
-      (v.pair != nullptr && (!natural || plan.splits != 1 || plan.sk_tiles != 0 || plan.ctas % 2 != 0)))
+      (v.pair != nullptr && (!natural || plan.splits != 1 || plan.ctas % 2 != 0)))
     return cudaErrorInvalidValue;
-  const WsScratch layout(natural, M, K, plan.sk_blocks, v.tokens, v.rows);
+  // stream-K's walk units (tiles, or pairs of them) and the ranges that share them (blocks, or clusters)
+  const int64_t units = v.pair != nullptr ? (int64_t)plan.m_tiles * ((plan.row_blocks + 1) / 2)
+                                          : (int64_t)plan.row_blocks * plan.m_tiles;
+  const int ranges = v.pair != nullptr ? plan.ctas / 2 : plan.ctas;
+  if (plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > ranges || plan.sk_tiles > units ||
+      (int64_t)plan.sk_tiles * ((K + 127) / 128) > INT32_MAX)  // (WsWork counts a share's steps in an int)
+    return cudaErrorInvalidValue;
+  const WsScratch layout(natural, M, K, sk_slots(plan.sk_blocks, v), v.tokens, v.rows);
   if (plan.scratch_bytes != layout.total() || (layout.total() > 0 && scratch == nullptr) ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0)
     return cudaErrorInvalidValue;
@@ -1552,7 +1593,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
     int device = 0, sms = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (plan.ctas > sms) return cudaErrorInvalidValue;
+    if (ranges > (v.pair != nullptr ? pair_clusters(v, sms) : sms)) return cudaErrorInvalidValue;
   }
   char* bytes = static_cast<char*>(scratch);
   float* partial = plan.sk_blocks > 0 ? reinterpret_cast<float*>(bytes + layout.x_bytes) : nullptr;  // 256 B aligned
@@ -1577,15 +1618,16 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
   if (err == cudaSuccess && v.pair == nullptr && tail_tokens < v.tokens)
     err = x_tensor_map(staged, M, cols, tail_tokens, &xtail);
   if (err != cudaSuccess) return err;
-  if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split, no stream-K)
-    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(kWsThreads), v.smem, stream, pdl, 2, a, wmap, xmap,
-                         xtail);
   if (plan.sk_tiles > 0) {
-    err = launch_kernel(zero_flags_kernel, dim3(static_cast<unsigned>((plan.sk_blocks + 255) / 256)), dim3(256), 0,
-                        stream, pdl, 1, flags, plan.sk_blocks);
+    const int slots = sk_slots(plan.sk_blocks, v);
+    err = launch_kernel(zero_flags_kernel, dim3(static_cast<unsigned>((slots + 255) / 256)), dim3(256), 0, stream, pdl,
+                        1, flags, slots);
     if (err != cudaSuccess) return err;
     pdl = true;  // the GEMM starts under its own flags' kernel
   }
+  if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split)
+    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(kWsThreads), v.smem, stream, pdl, 2, a, wmap, xmap,
+                         xtail);
   return launch_kernel(v.fn[natural][plan.splits > 1],
                        plan.splits > 1 ? dim3(plan.row_blocks, plan.splits, plan.m_tiles) : dim3(plan.ctas),
                        dim3(kWsThreads), v.smem, stream, pdl, plan.splits, a, wmap, xmap, xtail);

@@ -246,6 +246,52 @@ def test_pairs_exact(hopper, k, n, m):
     assert torch.equal(bits(hopper._batch(x, **layer, bias=bias, splits=1, tiles=6, kernel=3, order=2)), bits(out))
 
 
+def pairs_layer_shape(m: int, more: int, odd: bool) -> int:
+    """N that gives the pairs at M tokens about `more` pairs past the clusters that run at once (half
+    the SMs at most), with an odd row-block count if `odd`, the last row block ending in a
+    half-empty 16-row tile."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    pairs_a_token_tile = -(-(sms // 2 + more) // -(-m // 256))
+    return (2 * pairs_a_token_tile - (1 if odd else 0)) * 128 - 8
+
+
+# Past one wave of pairs the last wave is shared out by stream-K over the clusters: both blocks of a
+# cluster cut their tiles at the same k-blocks, and each tile's first block adds the later blocks'
+# partials of its own row block. Last waves of a few pairs and of most of a wave (cuts at different
+# k-blocks), an odd row-block count (the last pair's second tile past N, on zeros, cut too), a
+# partial token tile, K of 2-33 k-blocks and one group: the reference's bits, and the same bits on
+# every run.
+@pytest.mark.parametrize("m,more,odd", [(300, 3, False), (512, 40, True), (1000, 9, True), (257, 20, False)])
+@pytest.mark.parametrize("k,g", [(384, 128), (4224, 128), (200, 200)])
+def test_pairs_stream_k_exact(hopper, m, more, odd, k, g):
+    n = pairs_layer_shape(m, more, odd)
+    layer = make_layer(k, n, g, seed=k + m + more, exact=True)
+    x = activations(m, k, seed=m + more, exact=True)
+    bias = exact_bias(n, k)
+    out = hopper._batch(x, **layer, bias=bias, splits=1, tiles=6, kernel=3, order=2)
+    assert_exact(out, w4_gemv.gemv_reference(x, **layer, bias=bias))
+    assert torch.equal(bits(hopper._batch(x, **layer, bias=bias, splits=1, tiles=6, kernel=3, order=2)), bits(out))
+
+
+def test_pairs_stream_k_random_and_deterministic(hopper):
+    # Llama-3-8B's gate_proj at M = 1000: 224 pairs, past three waves on 132 SMs
+    layer = make_layer(4096, 14336, 128, seed=22, exact=False)
+    x = activations(1000, 4096, seed=22, exact=False)
+    first = hopper._batch(x, **layer, splits=1, tiles=6, kernel=3, order=2)
+    assert_close(first, x, layer, None)
+    for _ in range(3):
+        assert torch.equal(bits(hopper._batch(x, **layer, splits=1, tiles=6, kernel=3, order=2)), bits(first))
+
+
+def test_pairs_stream_k_chain_in_a_graph(hopper):
+    # two layers whose planner's launch is the pairs past one wave (224 and 80 pairs at M = 1000 on
+    # 132 SMs), back to back under PDL in one graph: each launch's flags kernel zeroes its flags only
+    # once the GEMM before is done with its own
+    first = make_layer(4096, 14336, 128, seed=23, exact=False)
+    second = make_layer(14336, 5120, 128, seed=24, exact=False)
+    assert_pdl_chain_replays(hopper, first, second, 1000, 4096)
+
+
 def test_pairs_random_real_shape(hopper):
     layer = make_layer(8192, 28672, 128, seed=21, exact=False)
     x = activations(1000, 8192, seed=21, exact=False)
