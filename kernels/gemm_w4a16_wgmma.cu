@@ -591,7 +591,8 @@ __global__ void __launch_bounds__(256) zero_flags_kernel(int* __restrict__ flags
 
 // Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
 // Registers are split unevenly (setmaxnreg): 232 a thread for the MMA warps, which hold a 64 x 256
-// fp32 accumulator, 40 for the producer's. The block is launched with 168 a thread (384 threads)
+// fp32 accumulator, 40 for the producer's (224 and 56 in the pairs' launch, whose producer also
+// walks stream-K's shares and multicasts: at 40 it spilled). The block is launched with 168 a thread (384 threads)
 // and setmaxnreg.inc waits until the block's pool has the registers: 2 x MMA + producer must be
 // 3 x 168, or the block hangs (seen on the H100 with 2 x 240 + 32).
 constexpr int kWsThreads = kBatchThreads + 128;
@@ -645,51 +646,43 @@ struct WsSegment {
 // cluster walk the same units and k-blocks, so that every stage's activations serve both.
 template <bool kPair = false, bool kSplit = false>
 struct WsWork {
-  int64_t next_unit;   // the next whole unit (those below dp_end)
-  int64_t split_tile;  // split-K: the block's one tile (its steps' unit 0)
-  int sk_step, sk_end; // the stream-K steps left, counted from the first unit's k-block 0
+  int64_t next_unit, dp_end;  // the next whole unit, and the first that is not one
+  int64_t step, end;          // the stream-K steps left
 
   __device__ __forceinline__ static int64_t units(const BatchArgs& a) {
     return kPair ? (int64_t)a.m_tiles * ((a.row_blocks + 1) / 2) : (int64_t)a.row_blocks * a.m_tiles;
   }
-  // The whole units' end, and the first unit of the stream-K steps. (From the arguments where needed
-  // rather than held, and the steps counted in an int from there: the producer warp has 40 registers.)
-  __device__ __forceinline__ static int64_t dp_end(const BatchArgs& a) { return kSplit ? 0 : units(a) - a.sk_tiles; }
-  __device__ __forceinline__ int64_t sk_first(const BatchArgs& a) const { return kSplit ? split_tile : dp_end(a); }
   __device__ __forceinline__ explicit WsWork(const BatchArgs& a) {
     if (kSplit) {
+      const int64_t tile = (int64_t)blockIdx.z * a.row_blocks + blockIdx.x;
       const int kb0 = blockIdx.y * a.kb_per_split;
-      next_unit = 0;
-      split_tile = (int64_t)blockIdx.z * a.row_blocks + blockIdx.x;
-      sk_step = kb0;
-      sk_end = min(a.kblocks, kb0 + a.kb_per_split);
+      next_unit = dp_end = 0;
+      step = tile * a.kblocks + kb0;
+      end = tile * a.kblocks + min(a.kblocks, kb0 + a.kb_per_split);
     } else {
-      // a share lies within the last sk_tiles units (at most a wave's): its steps fit an int
-      const int64_t first = dp_end(a) * a.kblocks;
+      dp_end = units(a) - a.sk_tiles;
       next_unit = blockIdx.x;
-      split_tile = 0;
-      sk_step = (int)(sk_begin(a, blockIdx.x) - first);
-      sk_end = (int)(sk_begin(a, blockIdx.x + 1) - first);
+      step = sk_begin(a, blockIdx.x);
+      end = sk_begin(a, blockIdx.x + 1);
     }
   }
   // The first stream-K step of `block`'s share (`block` counts clusters in a pairs launch).
   __device__ __forceinline__ static int64_t sk_begin(const BatchArgs& a, int block) {
-    const int64_t first = dp_end(a) * a.kblocks;
+    const int64_t first = (units(a) - a.sk_tiles) * a.kblocks;
     return a.sk_blocks == 0 ? first : first + (int64_t)a.sk_tiles * a.kblocks * min(block, a.sk_blocks) / a.sk_blocks;
   }
   // The next segment, false when none is left.
   __device__ __forceinline__ bool next(const BatchArgs& a, WsSegment& seg) {
-    if (next_unit < dp_end(a)) {
+    if (next_unit < dp_end) {
       seg.unit = next_unit;
       seg.kb_lo = 0;
       seg.kb_hi = a.kblocks;
       next_unit += gridDim.x;
-    } else if (sk_step < sk_end) {
-      const int u = sk_step / a.kblocks;
-      seg.unit = sk_first(a) + u;
-      seg.kb_lo = sk_step - u * a.kblocks;
-      seg.kb_hi = min(a.kblocks, seg.kb_lo + (sk_end - sk_step));
-      sk_step += seg.kb_hi - seg.kb_lo;
+    } else if (step < end) {
+      seg.unit = step / a.kblocks;
+      seg.kb_lo = (int)(step - seg.unit * a.kblocks);
+      seg.kb_hi = (int)min((int64_t)a.kblocks, seg.kb_lo + (end - step));
+      step += seg.kb_hi - seg.kb_lo;
     } else {
       return false;
     }
@@ -1582,8 +1575,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
   const int64_t units = v.pair != nullptr ? (int64_t)plan.m_tiles * ((plan.row_blocks + 1) / 2)
                                           : (int64_t)plan.row_blocks * plan.m_tiles;
   const int ranges = v.pair != nullptr ? plan.ctas / 2 : plan.ctas;
-  if (plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > ranges || plan.sk_tiles > units ||
-      (int64_t)plan.sk_tiles * ((K + 127) / 128) > INT32_MAX)  // (WsWork counts a share's steps in an int)
+  if (plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > ranges || plan.sk_tiles > units)
     return cudaErrorInvalidValue;
   const WsScratch layout(natural, M, K, sk_slots(plan.sk_blocks, v), v.tokens, v.rows);
   if (plan.scratch_bytes != layout.total() || (layout.total() > 0 && scratch == nullptr) ||
