@@ -140,7 +140,7 @@ __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
   if constexpr (kPair) {
     __syncwarp();
     if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
-    __syncwarp();  // (converged again: else ptxas took the pairs' stream-K walk off the uniform datapath)
+    __syncwarp();  // (converged again: else the warp walks on to a stream-K segment off the uniform datapath)
   }
 }
 
@@ -577,8 +577,9 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 // zero_flags_kernel where the launch has stream-K.
 // Constraints: as the barrier kernel, with 1 <= M <= 65536; scratch from the caller (WsScratch):
 // x_perm in the permuted order, and for stream-K partial [Q, MT x R] fp32 and flags [Q] int32 for
-// its Q blocks (2 x its Q clusters in the pairs' launch). The tensor maps of x (or x_perm: xmap and xtail) and of the weights are encoded per
-// launch (x_tensor_map, weight_tensor_map) and passed by value.
+// its Q blocks (2 x its Q clusters in the pairs' launch). The tensor maps of x (or x_perm: xmap and
+// xtail) and of the weights are encoded per launch (x_tensor_map, weight_tensor_map) and passed by
+// value.
 
 // Zeroes the stream-K flags (flags[0 .. n)) of the GEMM launched after it, after pdl_wait: the
 // GEMM before may still be using the same memory for its own.
@@ -592,9 +593,9 @@ __global__ void __launch_bounds__(256) zero_flags_kernel(int* __restrict__ flags
 // Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
 // Registers are split unevenly (setmaxnreg): 232 a thread for the MMA warps, which hold a 64 x 256
 // fp32 accumulator, 40 for the producer's (224 and 56 in the pairs' launch, whose producer also
-// walks stream-K's shares and multicasts: at 40 it spilled). The block is launched with 168 a thread (384 threads)
-// and setmaxnreg.inc waits until the block's pool has the registers: 2 x MMA + producer must be
-// 3 x 168, or the block hangs (seen on the H100 with 2 x 240 + 32).
+// walks stream-K's shares and multicasts: at 40 it spilled). The block is launched with 168 a
+// thread (384 threads) and setmaxnreg.inc waits until the block's pool has the registers: 2 x MMA +
+// producer must be 3 x 168, or the block hangs (seen on the H100 with 2 x 240 + 32).
 constexpr int kWsThreads = kBatchThreads + 128;
 constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
 constexpr int kPairMmaRegs = 224, kPairProducerRegs = 56;
@@ -644,6 +645,7 @@ struct WsSegment {
 // 2 j and 2 j + 1 of one token tile, block blockIdx.y the one of them (with an odd row-block count,
 // the last pair's second tile lies past N: computed on zeros, not stored). Both blocks of a
 // cluster walk the same units and k-blocks, so that every stage's activations serve both.
+// kSplit: a split-K launch's walk (its one segment).
 template <bool kPair = false, bool kSplit = false>
 struct WsWork {
   int64_t next_unit, dp_end;  // the next whole unit, and the first that is not one
@@ -1319,9 +1321,9 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);
     const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
-    const bool shared_last_wave =
+    const bool past_one_wave =
         pairs > clusters && max_active_clusters(reinterpret_cast<const void*>(pair.pair), kWsThreads, pair.smem, 2) > 0;
-    if (shared_last_wave || pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
+    if (past_one_wave || pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
         (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))
       return 6;
   }
