@@ -132,6 +132,16 @@ PATCHES["post_two_tiles"] = [
      "    case 322: *v = post ? wg_variant<32, 2, true>() : wg_variant<32, 2>(); return true;"),
 ]
 
+# The pairs at M = 256 (one token tile) too, where there are more of them than clusters (their last
+# wave shared out by stream-K, as from M = 257): 8192x28672, 4096x28672 and 8192x57344, whose
+# variant 5 shares its last wave the same way; one wave of pairs at M = 256 keeps variant 5 (no gain
+# on 4096x6144 or 4096x14336, fourteenth session)
+PATCHES["pairs_at_256"] = [
+    ("gemm_w4a16_wgmma.cu", "  if (best == 5 && M > 256) {", "  if (best == 5 && M >= 256) {"),
+    ("gemm_w4a16_wgmma.cu", "        (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))",
+     "        (M > 256 && pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))"),
+]
+
 # the warp-specialised kernel's two tensor maps prefetched at entry by its first thread, so that the
 # producer's first copies do not wait for the descriptors (the timeline's prologue: stage 0 issued
 # 0.7 us after the producer began, landed 1.1 us after that, H200)
