@@ -1287,6 +1287,11 @@ int64_t pair_clusters(const WsVariant& v, int sms) {
   const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
   return fit > 0 && fit < sms / 2 ? fit : sms / 2;
 }
+// Whether the driver says how many of them fit: stream-K over the pairs needs that (its ranges
+// must all be resident), where pair_clusters' half the SMs is only a guess.
+bool pair_clusters_known(const WsVariant& v) {
+  return max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2) > 0;
+}
 
 constexpr int64_t kPairsMinFill = 95, kPairsOneWaveFill = 70;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
@@ -1321,8 +1326,7 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);
     const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
-    const bool past_one_wave =
-        pairs > clusters && max_active_clusters(reinterpret_cast<const void*>(pair.pair), kWsThreads, pair.smem, 2) > 0;
+    const bool past_one_wave = pairs > clusters && pair_clusters_known(pair);
     if (past_one_wave || pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
         (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))
       return 6;
@@ -1548,8 +1552,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
     // within one, the pairs' one wave, whose stream-K would cut every pair (variant 5's lost to the
     // pairs' one wave: H100, 4096x6144 at M = 512, dev/LOG.md).
     const WsSpread pair_spread(pairs, kblocks, static_cast<int>(clusters));
-    const bool sk = pairs > clusters && pair_spread.sk_tiles > 0 &&
-                    max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2) > 0;
+    const bool sk = pairs > clusters && pair_spread.sk_tiles > 0 && pair_clusters_known(v);
     plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);
     plan->sk_tiles = sk ? pair_spread.sk_tiles : 0;
     plan->sk_blocks = sk ? pair_spread.sk_blocks : 0;
