@@ -1312,13 +1312,15 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     const int64_t cost = waves * kTokens[v] * kRows[v] * kCost[v] * per_block;
     if (cost < best_cost) best_cost = cost, best = v;
   }
-  if (best == 5 && M > 256) {
-    // Variant 5 in pairs (6) from two token tiles on: the same cycles a k-block at a higher clock,
+  if (best == 5 && M >= 256) {
+    // Variant 5 in pairs (6) from one token tile on: the same cycles a k-block at a higher clock,
     // the activations' L2 traffic halved under the power limit (dev/LOG.md). Past one wave of
     // pairs, as variant 5 runs them (whole waves, the last shared out by stream-K where that pays,
     // WsSpread) where the driver says how many clusters fit (stream-K's ranges must all be
-    // resident), else where whole waves of pairs leave at most 5% of the clusters idle. Within one
-    // wave, where it fills at least kPairsOneWaveFill of the clusters: there variant 5's stream-K
+    // resident): H100, 1.4-2.4% faster at M = 256 on 4096x28672, 8192x28672 and 8192x57344, 1-4.5%
+    // at M = 512-1024. Within one wave only from two token tiles on (one tile's single wave of pairs
+    // measured level with variant 5), and there where whole waves of pairs leave at most 5% of the
+    // clusters idle or one wave fills at least kPairsOneWaveFill of them: variant 5's stream-K then
     // cuts every tile, and its fix-up, a 128 KB partial stored and read at the end of the ranges,
     // costs more than the idle clusters (H100: 4096x6144 at M = 512, 48 pairs on 66 clusters, 4%
     // faster; 48 pairs on N = 4096 at M = 640 within 1%).
@@ -1326,9 +1328,9 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);
     const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
-    const bool past_one_wave = pairs > clusters && pair_clusters_known(pair);
-    if (past_one_wave || pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
-        (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))
+    if (pairs > clusters && pair_clusters_known(pair)) return 6;
+    if (M > 256 && (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
+                    (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters)))
       return 6;
   }
   return best;
