@@ -132,14 +132,17 @@ PATCHES["post_two_tiles"] = [
      "    case 322: *v = post ? wg_variant<32, 2, true>() : wg_variant<32, 2>(); return true;"),
 ]
 
-# The pairs at M = 256 (one token tile) too, where there are more of them than clusters (their last
-# wave shared out by stream-K, as from M = 257): 8192x28672, 4096x28672 and 8192x57344, whose
-# variant 5 shares its last wave the same way; one wave of pairs at M = 256 keeps variant 5 (no gain
-# on 4096x6144 or 4096x14336, fourteenth session)
-PATCHES["pairs_at_256"] = [
-    ("gemm_w4a16_wgmma.cu", "  if (best == 5 && M > 256) {", "  if (best == 5 && M >= 256) {"),
-    ("gemm_w4a16_wgmma.cu", "        (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))",
-     "        (M > 256 && pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))"),
+# the pairs past M = 256 at any count where the driver says how many clusters fit, within one wave
+# too: WsSpread over the clusters, so that one wave of pairs filling 48-73% of them (4096x6144,
+# 4096x4096, 14336x4096 at M = 512) is cut by stream-K over every cluster instead of leaving the rest
+# idle (variant 5's stream-K over every SM lost 4% to one wave of pairs on 4096x6144 at M = 512)
+PATCHES["pairs_sk_one_wave"] = [
+    ("gemm_w4a16_wgmma.cu", "    if (pairs > clusters && pair_clusters_known(pair)) return 6;",
+     "    if ((M > 256 || pairs > clusters) && pair_clusters_known(pair)) return 6;"),
+    ("gemm_w4a16_wgmma.cu", "    const bool sk = pairs > clusters && pair_spread.sk_tiles > 0 && pair_clusters_known(v);",
+     "    const bool sk = pair_spread.sk_tiles > 0 && pair_clusters_known(v);"),
+    ("gemm_w4a16_wgmma.cu", "    plan->ctas = 2 * static_cast<int>(pairs < clusters ? pairs : clusters);",
+     "    plan->ctas = 2 * static_cast<int>(sk ? pair_spread.ctas : pairs < clusters ? pairs : clusters);"),
 ]
 
 # the warp-specialised kernel's two tensor maps prefetched at entry by its first thread, so that the
