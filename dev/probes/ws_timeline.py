@@ -3,7 +3,7 @@ rebuilt with timestamps, so that a call's fixed cost (launch, first stage, outpu
 block's finish) can be told from its k-blocks.
 
     PYTHONPATH=. python3 dev/probes/ws_timeline.py [--cells 4096x4096:256,8192x28672:64] [--launches 10]
-        [--tree DIR] [--splits 0] [--variant 0] [--order 0]
+        [--tree DIR] [--patches NAME] [--splits 0] [--variant 0] [--order 0]
 
 Thread 0 of each block (the first MMA thread) records the global timer (ns, common to all SMs,
 ticking in about 0.25 us on the H100) and its SM's cycle counter (exact) at entry; at each of its
@@ -27,6 +27,8 @@ launches are printed beside the bench's per-call median (CUDA graph, cold L2) fo
 The timestamps add a few instructions to the MMA warps; compare the span with the bench's median
 to see what they cost.
 
+--patches applies one of compare_builds.py's PATCHES (a change being measured) before the stamps.
+
 --kblocks adds a stamp per k-block of the ring (its first KB_STEPS steps): the producer's lane 0
 once it may refill the stage (part A and part B asked for) and thread 0 before its wait for the
 stage and once both parts have landed, all on the SM's cycle counter, and prints per step the
@@ -47,7 +49,8 @@ import torch
 
 from w4cli.bench import cases
 from w4cli.gpu import kernels, timing
-from ws_ablation import build_tree  # dev/probes, this script's folder
+from compare_builds import PATCHES as CHANGES  # dev/probes, this script's folder
+from ws_ablation import build_tree
 
 KERNEL = "gemm_w4a16_wgmma.cu"
 BLOCKS = 4096  # blocks traced (the first ones by linear index)
@@ -120,16 +123,17 @@ PATCHES = [
     (KERNEL, "      cluster_sync();\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
      "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
      "      W4_T(27);\n"),
-    (KERNEL, "          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);\n",
-     "          W4_T(20);\n          stream_k_add(acc, a, (seg.tile + 1) * a.kblocks);\n          W4_T(21);\n"),
-    (KERNEL, "      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);\n",
-     "      while (ld_acquire_gpu(a.counters + block) == 0) __nanosleep(64);\n    W4_T(24);\n"),
-    (KERNEL, "        stream_k_store(acc, a, blockIdx.x);",
-     "        W4_T(22);\n        stream_k_store(acc, a, blockIdx.x);\n        W4_T(23);"),
+    (KERNEL, "          stream_k_add<kPair>(acc, a, (seg.unit + 1) * a.kblocks);\n",
+     "          W4_T(20);\n          stream_k_add<kPair>(acc, a, (seg.unit + 1) * a.kblocks);\n          W4_T(21);\n"),
+    (KERNEL, "      while (ld_acquire_gpu(a.counters + slot) == 0) __nanosleep(64);\n",
+     "      while (ld_acquire_gpu(a.counters + slot) == 0) __nanosleep(64);\n    W4_T(24);\n"),
+    (KERNEL, "        stream_k_store(acc, a, stream_k_slot<kPair>(blockIdx.x));",
+     "        W4_T(22);\n        stream_k_store(acc, a, stream_k_slot<kPair>(blockIdx.x));\n        W4_T(23);"),
     (KERNEL, "    __syncthreads();\n  }\n  // Split-K: the cluster's sum",
      "    __syncthreads();\n  }\n  W4_T(32);\n  // Split-K: the cluster's sum"),
-    (KERNEL, "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n",
-     "    setmaxnreg_dec<kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n      if (lane == 0) w4_stamp(33);\n"),
+    (KERNEL, "    setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n",
+     "    setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n"
+     "      if (lane == 0) w4_stamp(33);\n"),
     (KERNEL, "  bool more = work.next(a, seg);\n",
      "  bool more = work.next(a, seg);\n  if (lane == 0) w4_stamp(34);\n"),
 ] + accessor_patches("w4_trace", "trace", 8)
@@ -273,10 +277,12 @@ def main() -> int:
     ap.add_argument("--splits", type=int, default=0)
     ap.add_argument("--variant", type=int, default=0)
     ap.add_argument("--order", type=int, default=0)
+    ap.add_argument("--patches", default="", help="one of compare_builds.py's PATCHES, applied first")
     ap.add_argument("--kblocks", action="store_true", help="stamp each ring step too (KB_PATCHES)")
     args = ap.parse_args()
-    mod = build_tree(("timeline_kb_" if args.kblocks else "timeline_") + Path(args.tree).name, Path(args.tree),
-                     PATCHES + (KB_PATCHES if args.kblocks else []))
+    name = ("timeline_kb_" if args.kblocks else "timeline_") + Path(args.tree).name + (f"_{args.patches}" if args.patches else "")
+    mod = build_tree(name, Path(args.tree),
+                     (CHANGES[args.patches] if args.patches else []) + PATCHES + (KB_PATCHES if args.kblocks else []))
     copy = timing.copy_bandwidth()
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_()
     print(torch.cuda.get_device_name(), flush=True)
