@@ -1318,12 +1318,12 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     // pairs, as variant 5 runs them (whole waves, the last shared out by stream-K where that pays,
     // WsSpread) where the driver says how many clusters fit (stream-K's ranges must all be
     // resident): H100, 1.4-2.4% faster at M = 256 on 4096x28672, 8192x28672 and 8192x57344, 1-4.5%
-    // at M = 512-1024. Within one wave only from two token tiles on (one tile's single wave of pairs
-    // measured level with variant 5), and there where whole waves of pairs leave at most 5% of the
-    // clusters idle or one wave fills at least kPairsOneWaveFill of them: variant 5's stream-K then
-    // cuts every tile, and its fix-up, a 128 KB partial stored and read at the end of the ranges,
-    // costs more than the idle clusters (H100: 4096x6144 at M = 512, 48 pairs on 66 clusters, 4%
-    // faster; 48 pairs on N = 4096 at M = 640 within 1%).
+    // at M = 512-1024. Otherwise only from two token tiles on (one token tile's single wave of
+    // pairs measured level with variant 5), where whole waves of pairs leave at most 5% of the
+    // clusters idle or one wave fills at least kPairsOneWaveFill of them: there variant 5's
+    // stream-K cuts every tile, and its fix-up, a 128 KB partial stored and read at the end of the
+    // ranges, costs more than the idle clusters (H100: 4096x6144 at M = 512, 48 pairs on 66
+    // clusters, 4% faster; 48 pairs on N = 4096 at M = 640 within 1%).
     WsVariant pair;
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);

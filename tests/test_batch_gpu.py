@@ -259,8 +259,8 @@ def pairs_layer_shape(m: int, more: int, odd: bool) -> int:
 # cluster cut their tiles at the same k-blocks, and each tile's first block adds the later blocks'
 # partials of its own row block. Last waves of a few pairs and of most of a wave (cuts at different
 # k-blocks), an odd row-block count (the last pair's second tile past N, on zeros, cut too), one
-# full token tile and partial ones, K of 2-33 k-blocks and one group: the reference's bits, and the same bits on
-# every run.
+# full token tile and partial ones, K of 2-33 k-blocks and one group: the reference's bits, and the
+# same bits on every run.
 @pytest.mark.parametrize("m,more,odd", [(256, 5, True), (300, 3, False), (512, 40, True), (1000, 9, True),
                                         (257, 20, False)])
 @pytest.mark.parametrize("k,g", [(384, 128), (4224, 128), (200, 200)])
