@@ -719,12 +719,15 @@ struct WsWork {
 // at M = 64-128, where the split launches wait on a producer that issues about one stage a
 // k-block, leaving those copies out made them 2-8% faster, far more than their bytes, and the bulk
 // copies 1-4% (H200, dev/LOG.md). Both runs must be 16-byte aligned: N a multiple of 32 (as R is)
-// and the tensors' bases aligned (checked: the caller may pass views). Decided once a launch, so
-// that each producer loop is compiled for one way only (both in one loop spilled at the
-// producer's 40 registers).
-template <typename S>
+// and the tensors' bases aligned (checked: the caller may pass views). In a pairs launch every
+// pair's second tile too must lie inside N: with an odd row-block count the last one lies past it
+// (computed on zeros), and the bulk copies of its scales and zeros would read past the end of the
+// last group's (the cp.async path zero-fills rows past N instead). Decided once a launch, so that
+// each producer loop is compiled for one way only (both in one loop spilled at the producer's 40
+// registers).
+template <typename S, bool kPair>
 __device__ __forceinline__ bool ws_bulk_constants(const BatchArgs& a) {
-  return a.run_slots == 1 && a.N % S::kRows == 0 &&
+  return a.run_slots == 1 && a.N % (kPair ? 2 * S::kRows : S::kRows) == 0 &&
          ((reinterpret_cast<uintptr_t>(a.scales) | reinterpret_cast<uintptr_t>(a.qzeros)) & 15) == 0;
 }
 
@@ -1023,7 +1026,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   if (warp >= kBatchWarps) {
     setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();
     if (warp == kBatchWarps) {
-      const bool bulk = ws_bulk_constants<S>(a);
+      const bool bulk = ws_bulk_constants<S, kPair>(a);
       if constexpr (kSplit) {
         const int kb0 = blockIdx.y * a.kb_per_split, nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
         if (bulk) {
