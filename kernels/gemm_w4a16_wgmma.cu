@@ -1504,6 +1504,10 @@ struct WsScratch {
   int64_t total() const { return x_bytes + partial_bytes + flag_bytes; }
 };
 int sk_slots(int sk_blocks, const WsVariant& v) { return v.pair != nullptr ? 2 * sk_blocks : sk_blocks; }
+// The persistent walk's units (WsWork::units): tiles, or in the pairs' launch pairs of tiles.
+int64_t ws_units(const WsVariant& v, int m_tiles, int row_blocks) {
+  return v.pair != nullptr ? (int64_t)m_tiles * ((row_blocks + 1) / 2) : (int64_t)m_tiles * row_blocks;
+}
 
 cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant, int order,
                                BatchPlan* plan) {
@@ -1551,7 +1555,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   plan->natural = natural;
   const bool persistent = plan->splits == 1;
   if (v.pair != nullptr) {  // the pairs of tiles, a cluster of two blocks each, as many as run at once
-    const int64_t pairs = (int64_t)m_tiles * ((row_blocks + 1) / 2), clusters = pair_clusters(v, sms);
+    const int64_t pairs = ws_units(v, m_tiles, row_blocks), clusters = pair_clusters(v, sms);
     // Past one wave, a last wave shared out by stream-K as variant 5's, over the clusters
     // (WsSpread), where the driver says how many fit (stream-K's ranges must all be resident);
     // within one, the pairs' one wave, whose stream-K would cut every pair (variant 5's lost to the
@@ -1582,8 +1586,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
       (v.pair != nullptr && (!natural || plan.splits != 1 || plan.ctas % 2 != 0)))
     return cudaErrorInvalidValue;
   // stream-K's walk units (tiles, or pairs of them) and the ranges that share them (blocks, or clusters)
-  const int64_t units = v.pair != nullptr ? (int64_t)plan.m_tiles * ((plan.row_blocks + 1) / 2)
-                                          : (int64_t)plan.row_blocks * plan.m_tiles;
+  const int64_t units = ws_units(v, plan.m_tiles, plan.row_blocks);
   const int ranges = v.pair != nullptr ? plan.ctas / 2 : plan.ctas;
   if (plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > ranges || plan.sk_tiles > units)
     return cudaErrorInvalidValue;
