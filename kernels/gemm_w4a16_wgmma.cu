@@ -553,8 +553,8 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 // Three launches (plan_gemm_w4a16_ws picks the variant and which, see its comments):
 //   persistent  at most one block per SM (P blocks), each walking its share of the tiles (WsWork):
 //               whole tiles in grid order, then, where the last wave would leave SMs idle, an equal
-//               share of the last tiles' k-blocks (stream-K; a tile cut between blocks is added in
-//               a fixed order, "stream-K" below). The ring runs on from one tile to the next, and
+//               share of the last tiles' k-blocks, mostly with the last whole wave's (stream-K,
+//               WsSpread; a tile cut between blocks is added in a fixed order, "stream-K" below). The ring runs on from one tile to the next, and
 //               each tile's result leaves through its last stage while the next tile's stages fill.
 //   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
 //               the splits of a tile one cluster, added as the barrier kernel's; unless stream-K
@@ -1236,15 +1236,25 @@ int ws_auto_splits(int64_t blocks, int kblocks, int sms) {
 constexpr int64_t kSplitBaseCost = 2;
 
 // A persistent launch without split-K: `ctas` blocks (one per SM at most) over `tiles` tiles, the
-// last `sk_tiles` of them shared out by stream-K among the first `sk_blocks`; `waves`, in thousandths,
-// the tiles' time a block. Stream-K takes a last wave where its shares plus kStreamKCost (the
-// partials, and weights no longer shared through L2 by blocks each at its own k-block) come to
-// less than a wave, each block's share then at least half a tile. A launch of fewer tiles than half
-// the SMs (where split-K is the planner's usual choice) spreads its k-blocks over every SM where
-// the shares plus kStreamKCutKblocks a cut come to less than 90% of a tile's k-blocks: there a
-// tile is cut into about SMs / tiles pieces, whose 64-128 KB fp32 partials the blocks store at
-// the end of their ranges, all at once, and the tile's first block then reads in turn (about 3
-// k-blocks of the tile's variant a cut; H100, dev/LOG.md).
+// last `sk_tiles` of them shared out by stream-K among the first `sk_blocks`; `waves`, in
+// thousandths, the tiles' time a block. Stream-K takes a last wave where its shares plus
+// kStreamKCost (the partials, and weights no longer shared through L2 by blocks each at its own
+// k-block) come to less than a wave, each block's share then at least half a tile. Past a whole
+// wave, the last whole wave joins that share, spread over every block, where that gains more than
+// the extra cuts cost. Every range is then longer than a tile, so a tile is cut once at most: its
+// later piece comes first in its block's range and is stored long before the tile's first block,
+// whose piece ends its range, adds it. It gains where the last wave alone would leave ranges
+// shorter than a tile (tiles in three pieces, the middle one stored while the tile's first block
+// waits for it), or where the last wave is at most 40% of one (its halves on at most 80% of the
+// blocks: the even spread is a tenth of a tile shorter or more). H100, against the last wave
+// alone: 1-4% faster on the pairs' 4096x14336 at M = 1024 and 8192x28672 and 4096x28672 at M = 256
+// and 512, level on 4096x14336 at M = 512, 4% slower on 4096x6144 at M = 1024 (a last wave of 30
+// pairs on 66 clusters, left to itself; dev/LOG.md). A launch of fewer tiles than half the SMs
+// (where split-K is the planner's usual choice) spreads its k-blocks over every SM where the
+// shares plus kStreamKCutKblocks a cut come to less than 90% of a tile's k-blocks: there a tile is
+// cut into about SMs / tiles pieces, whose 64-128 KB fp32 partials the blocks store at the end of
+// their ranges, all at once, and the tile's first block then reads in turn (about 3 k-blocks of
+// the tile's variant a cut; H100, dev/LOG.md).
 struct WsSpread {
   static constexpr int64_t kStreamKCost = 250;  // thousandths of a wave (H100, dev/LOG.md)
   static constexpr int64_t kStreamKCutKblocks = 3;
@@ -1265,10 +1275,12 @@ struct WsSpread {
     const int64_t share = 2 * rest < sms ? 2 * rest : sms;
     const int64_t blocks = steps < share ? steps : share;
     const bool sk = rest > 0 && rest * 1000 / blocks + kStreamKCost < 1000;
-    sk_tiles = sk ? static_cast<int>(rest) : 0;
-    sk_blocks = sk ? static_cast<int>(blocks) : 0;
+    const bool with_a_wave = whole > 0 && (2 * rest > sms || 5 * rest <= 2 * sms);
+    sk_tiles = sk ? static_cast<int>(with_a_wave ? rest + sms : rest) : 0;
+    sk_blocks = sk ? static_cast<int>(with_a_wave ? sms : blocks) : 0;
     ctas = whole > 0 ? sms : sk ? sk_blocks : static_cast<int>(tiles);
-    waves = whole * 1000 + (sk ? rest * 1000 / sk_blocks + kStreamKCost : rest > 0 ? 1000 : 0);
+    // (priced as the last wave alone, as the variant costs were fitted)
+    waves = whole * 1000 + (sk ? rest * 1000 / blocks + kStreamKCost : rest > 0 ? 1000 : 0);
   }
 };
 

@@ -125,15 +125,18 @@ def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
 # Stream-K: without split-K the warp-specialised kernel runs one block per SM, whole tiles first,
 # then a last wave at most 80% full (or a launch of more than half a wave) shared out in equal
 # pieces of at least half a tile: a tile is cut between two or three blocks wherever the pieces
-# end, and the first block adds the others' partials. A launch of fewer tiles than half the SMs
+# end, and the first block adds the others' partials. Past a whole wave, the last whole wave
+# mostly joins it, spread over every block (ranges longer than a tile, each tile cut once at
+# most), but not where the last wave is 40-50% of one (60 tiles past 132 SMs: its halves alone).
+# A launch of fewer tiles than half the SMs
 # spreads its k-blocks over every SM where that pays (33 k-blocks here: a tile in 4-6 pieces,
 # some of them inside it) and runs a tile a block where it does not (2-3 k-blocks). Every variant;
 # tile counts past whole waves and below one (cuts at different k-blocks), and without stream-K (a
 # fuller last wave); K of 2-33 k-blocks (a partial last one); groups of 64 and single groups: the
 # reference's bits.
 @pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (2, 64, -100),
-                                            (3, 128, 131), (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, -50),
-                                            (5, 256, -110), (5, 511, 3)])
+                                            (3, 128, 131), (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, 60),
+                                            (5, 256, -50), (5, 256, -110), (5, 511, 3)])
 @pytest.mark.parametrize("k,g,order", [(384, 128, 1), (384, 128, 2), (200, 200, 2), (4160, 64, 1)])
 def test_stream_k_exact(hopper, variant, m, more, k, g, order):
     n = stream_k_layer_shape(variant, m, k, more)
@@ -255,14 +258,15 @@ def pairs_layer_shape(m: int, more: int, odd: bool) -> int:
     return (2 * pairs_a_token_tile - (1 if odd else 0)) * 128 - 8
 
 
-# Past one wave of pairs the last wave is shared out by stream-K over the clusters: both blocks of a
-# cluster cut their tiles at the same k-blocks, and each tile's first block adds the later blocks'
-# partials of its own row block. Last waves of a few pairs and of most of a wave (cuts at different
-# k-blocks), an odd row-block count (the last pair's second tile past N, on zeros, cut too), one
-# full token tile and partial ones, K of 2-33 k-blocks and one group: the reference's bits, and the
-# same bits on every run.
-@pytest.mark.parametrize("m,more,odd", [(256, 5, True), (300, 3, False), (512, 40, True), (1000, 9, True),
-                                        (257, 20, False)])
+# Past one wave of pairs the last wave is shared out by stream-K over the clusters (with the last
+# whole wave, or alone: 30 pairs past 66 clusters), as variant 5's: both blocks of a cluster cut
+# their tiles at the same k-blocks, and each tile's first block adds the later blocks' partials of
+# its own row block. Last waves of a few pairs and of most of a wave (cuts at different k-blocks),
+# an odd row-block count (the last pair's second tile past N, on zeros, cut too), one full token
+# tile and partial ones, K of 2-33 k-blocks and one group: the reference's bits, and the same bits
+# on every run.
+@pytest.mark.parametrize("m,more,odd", [(256, 5, True), (300, 3, False), (512, 40, True), (512, 30, False),
+                                        (1000, 9, True), (257, 20, False)])
 @pytest.mark.parametrize("k,g", [(384, 128), (4224, 128), (200, 200)])
 def test_pairs_stream_k_exact(hopper, m, more, odd, k, g):
     n = pairs_layer_shape(m, more, odd)
