@@ -554,8 +554,9 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 //   persistent  at most one block per SM (P blocks), each walking its share of the tiles (WsWork):
 //               whole tiles in grid order, then, where the last wave would leave SMs idle, an equal
 //               share of the last tiles' k-blocks, mostly with the last whole wave's (stream-K,
-//               WsSpread; a tile cut between blocks is added in a fixed order, "stream-K" below). The ring runs on from one tile to the next, and
-//               each tile's result leaves through its last stage while the next tile's stages fill.
+//               WsSpread; a tile cut between blocks is added in a fixed order, "stream-K" below).
+//               The ring runs on from one tile to the next, and each tile's result leaves through
+//               its last stage while the next tile's stages fill.
 //   split-K     fewer tiles than half the SMs, and 16 k-blocks or more: one block per tile and split,
 //               the splits of a tile one cluster, added as the barrier kernel's; unless stream-K
 //               over every SM is modelled cheaper (the clusters that fit at once can leave SMs idle).

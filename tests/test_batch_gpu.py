@@ -128,12 +128,11 @@ def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
 # end, and the first block adds the others' partials. Past a whole wave, the last whole wave
 # mostly joins it, spread over every block (ranges longer than a tile, each tile cut once at
 # most), but not where the last wave is 40-50% of one (60 tiles past 132 SMs: its halves alone).
-# A launch of fewer tiles than half the SMs
-# spreads its k-blocks over every SM where that pays (33 k-blocks here: a tile in 4-6 pieces,
-# some of them inside it) and runs a tile a block where it does not (2-3 k-blocks). Every variant;
-# tile counts past whole waves and below one (cuts at different k-blocks), and without stream-K (a
-# fuller last wave); K of 2-33 k-blocks (a partial last one); groups of 64 and single groups: the
-# reference's bits.
+# A launch of fewer tiles than half the SMs spreads its k-blocks over every SM where that pays (33
+# k-blocks here: a tile in 4-6 pieces, some of them inside it) and runs a tile a block where it
+# does not (2-3 k-blocks). Every variant; tile counts past whole waves and below one (cuts at
+# different k-blocks), and without stream-K (a fuller last wave); K of 2-33 k-blocks (a partial
+# last one); groups of 64 and single groups: the reference's bits.
 @pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (2, 64, -100),
                                             (3, 128, 131), (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, 60),
                                             (5, 256, -50), (5, 256, -110), (5, 511, 3)])
