@@ -614,6 +614,12 @@ struct WsStage : StageLayout<MT, NT, kNatural> {
   static_assert(kStages >= 2, "a stage must fit twice in shared memory");
 };
 
+// The persistent walk's units: tiles, or in the pairs' launch pairs of neighbouring row blocks'
+// tiles (WsWork on the device; the plan, the launch check and the pairs' rule on the host).
+__host__ __device__ __forceinline__ int64_t walk_units(bool pairs, int m_tiles, int row_blocks) {
+  return pairs ? (int64_t)m_tiles * ((row_blocks + 1) / 2) : (int64_t)row_blocks * m_tiles;
+}
+
 #if defined(W4_HAS_WGMMA)
 // A stage is filled and freed in two parts, so that the first can be refilled half a k-block
 // before the second is read: part A, the x tile's first 64-k atom (read by words 0 and 1), the
@@ -653,7 +659,7 @@ struct WsWork {
   int64_t step, end;          // the stream-K steps left
 
   __device__ __forceinline__ static int64_t units(const BatchArgs& a) {
-    return kPair ? (int64_t)a.m_tiles * ((a.row_blocks + 1) / 2) : (int64_t)a.row_blocks * a.m_tiles;
+    return walk_units(kPair, a.m_tiles, a.row_blocks);
   }
   __device__ __forceinline__ explicit WsWork(const BatchArgs& a) {
     if (kSplit) {
@@ -1343,7 +1349,8 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
     WsVariant pair;
     pick_ws_variant(6, &pair);
     const int64_t clusters = pair_clusters(pair, sms);
-    const int64_t pairs = (M + 255) / 256 * ((N + 255) / 256);
+    const int64_t pairs = walk_units(true, static_cast<int>((M + pair.tokens - 1) / pair.tokens),
+                                     static_cast<int>((N + pair.rows - 1) / pair.rows));
     if (pairs > clusters && pair_clusters_known(pair)) return 6;
     if (M > 256 && (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
                     (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters)))
@@ -1517,10 +1524,6 @@ struct WsScratch {
   int64_t total() const { return x_bytes + partial_bytes + flag_bytes; }
 };
 int sk_slots(int sk_blocks, const WsVariant& v) { return v.pair != nullptr ? 2 * sk_blocks : sk_blocks; }
-// The persistent walk's units (WsWork::units): tiles, or in the pairs' launch pairs of tiles.
-int64_t ws_units(const WsVariant& v, int m_tiles, int row_blocks) {
-  return v.pair != nullptr ? (int64_t)m_tiles * ((row_blocks + 1) / 2) : (int64_t)m_tiles * row_blocks;
-}
 
 cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int splits, int variant, int order,
                                BatchPlan* plan) {
@@ -1568,7 +1571,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   plan->natural = natural;
   const bool persistent = plan->splits == 1;
   if (v.pair != nullptr) {  // the pairs of tiles, a cluster of two blocks each, as many as run at once
-    const int64_t pairs = ws_units(v, m_tiles, row_blocks), clusters = pair_clusters(v, sms);
+    const int64_t pairs = walk_units(v.pair != nullptr, m_tiles, row_blocks), clusters = pair_clusters(v, sms);
     // Past one wave, a last wave shared out by stream-K as variant 5's, over the clusters
     // (WsSpread), where the driver says how many fit (stream-K's ranges must all be resident);
     // within one, the pairs' one wave, whose stream-K would cut every pair (variant 5's lost to the
@@ -1599,7 +1602,7 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
       (v.pair != nullptr && (!natural || plan.splits != 1 || plan.ctas % 2 != 0)))
     return cudaErrorInvalidValue;
   // stream-K's walk units (tiles, or pairs of them) and the ranges that share them (blocks, or clusters)
-  const int64_t units = ws_units(v, plan.m_tiles, plan.row_blocks);
+  const int64_t units = walk_units(v.pair != nullptr, plan.m_tiles, plan.row_blocks);
   const int ranges = v.pair != nullptr ? plan.ctas / 2 : plan.ctas;
   if (plan.sk_blocks < (plan.sk_tiles > 0 ? 1 : 0) || plan.sk_blocks > ranges || plan.sk_tiles > units)
     return cudaErrorInvalidValue;
