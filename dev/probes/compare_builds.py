@@ -195,11 +195,11 @@ PATCHES["warp_release"] = [
   if constexpr (kPair) {
     __syncwarp();
     if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
-  }""", """  __syncwarp();
+    __syncwarp();""", """  __syncwarp();
   if (lane == 0) mbar_arrive(bar);
   if constexpr (kPair) {
     if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
-  }"""),
+    __syncwarp();"""),
     ("gemm_w4a16_wgmma.cu", "kBatchThreads + (kPair ? kBatchWarps : 0)", "kBatchWarps + (kPair ? kBatchWarps : 0)"),
     ("gemm_w4a16_wgmma.cu", "      mbar_arrive(b.empty_b + 8 * held);", "      release_stage<false>(b.empty_b + 8 * held, lane);"),
 ]

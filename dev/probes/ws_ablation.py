@@ -54,9 +54,11 @@ KERNEL = "gemm_w4a16_wgmma.cu"
 
 # the natural k order's conversion (launches of 128-token tiles and more; the permuted order's is
 # left as it is)
-CONVERT = """        for (int j = 0; j < 4; ++j) {  // per weight: (q - z) * s rounded once, the reference's W16
-          af[i][2 * j] = mul_f16x2(u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]), slo[i]);
-          af[i][2 * j + 1] = mul_f16x2(u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi[i].biased[0]), shi[i]);
+CONVERT = """        for (int j = 0; j < 4; ++j) {  // per weight: q - z (kPost), or (q - z) * s rounded once, the W16
+          const uint32_t dl = u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]);
+          const uint32_t dh = u4_pair_minus_zero_f16x2(wh[j], pair_shift, zhi[i].biased[0]);
+          af[i][2 * j] = kPost ? dl : mul_f16x2(dl, slo[i]);
+          af[i][2 * j + 1] = kPost ? dh : mul_f16x2(dh, shi[i]);
         }"""
 NOSCALE = """        for (int j = 0; j < 4; ++j) {
           af[i][2 * j] = u4_pair_minus_zero_f16x2(wl[j], pair_shift, zlo[i].biased[0]);
