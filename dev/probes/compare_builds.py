@@ -527,6 +527,16 @@ PATCHES["x_one_box"] = [
     ("gemm_w4a16_wgmma.cu", _ONE_BOX_MAP, _ONE_BOX_MAP_NEW),
 ]
 
+# one more kernel in front of every warp-specialised launch: an empty zero_flags_kernel (no flags),
+# PDL-chained as the stream-K launches' own flags kernel is, the GEMM then under PDL. What it adds
+# to a call is about what the flags kernel costs the stream-K launches, which a GEMM that left its
+# flags zeroed behind it (no kernel of its own) would save.
+PATCHES["chain_extra"] = [("gemm_w4a16_wgmma.cu", "  if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split)\n",
+                           "  err = launch_kernel(zero_flags_kernel, dim3(1), dim3(256), 0, stream, pdl, 1, flags, 0);\n"
+                           "  if (err != cudaSuccess) return err;\n  pdl = true;\n"
+                           "  if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split)\n")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("others", nargs="*")

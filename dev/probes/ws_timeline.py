@@ -3,7 +3,7 @@ rebuilt with timestamps, so that a call's fixed cost (launch, first stage, outpu
 block's finish) can be told from its k-blocks.
 
     PYTHONPATH=. python3 dev/probes/ws_timeline.py [--cells 4096x4096:256,8192x28672:64] [--launches 10]
-        [--tree DIR] [--patches NAME] [--splits 0] [--variant 0] [--order 0]
+        [--tree DIR] [--patches NAME] [--splits 0] [--variant 0] [--order 0] [--kblocks] [--warm-code]
 
 Thread 0 of each block (the first MMA thread) records the global timer (ns, common to all SMs,
 ticking in about 0.25 us on the H100) and its SM's cycle counter (exact) at entry; at each of its
@@ -14,8 +14,9 @@ launches are printed beside the bench's per-call median (CUDA graph, cold L2) fo
   span        first block's entry to the last block's exit (global timer)
   skew        last block's entry - first block's
   prologue    entry -> first stage landed (per block, cycle counter, median block), with its steps:
-              barriers initialised, producer begun, first segment found, stage 0's constants
-              issued, part A landed
+              barriers initialised, producer begun, its loop's function entered, first segment
+              found, stage 0's constants issued, part A landed; and the MMA warps' own walk: begun,
+              set up, first segment found
   kblock      ns per k-block inside the first tile's loop (landed -> last k-block issued)
   drain       last k-block issued -> wgmmas drained
   out         wgmmas drained -> the tile's result gone (for the first tile)
@@ -28,6 +29,11 @@ The timestamps add a few instructions to the MMA warps; compare the span with th
 to see what they cost.
 
 --patches applies one of compare_builds.py's PATCHES (a change being measured) before the stamps.
+
+--warm-code runs the same call on another layer's data of the same shape between the L2-evicting
+read and each traced launch: its code is back in L2 (as in the bench, where every call runs the
+same code between reads of less than L2), its data is not. The prologue with and without it shows
+what fetching the code from memory costs the traced launch.
 
 --kblocks adds a stamp per k-block of the ring (its first KB_STEPS steps): the producer's lane 0
 once it may refill the stage (part A and part B asked for) and thread 0 before its wait for the
@@ -91,7 +97,8 @@ def accessor_patches(symbol: str, name: str, elem_bytes: int) -> list[tuple[str,
 
 # slots: 0 entry, 1 / 2 producer before / after pdl_wait, 4 + 4 j .. 7 + 4 j tile j (landed,
 # issued, drained, gone) for its first four tiles, 25 the first stage's part A landed, 32 the
-# barriers initialised, 33 / 34 the producer begun / its first segment found, 20 / 21
+# barriers initialised, 33 / 34 the producer begun / its first segment found (35: its loop's
+# function entered), 36 / 37 / 38 the MMA warps' work begun / walk set up / first segment found, 20 / 21
 # stream-K's add begun / done (24: its last flag seen), 22 / 23
 # stream-K's store begun / done, 26 / 27 split-K's cluster sum begun / this thread's share done, 28
 # (tiles, smid), 29 k-blocks of tiles 0-3, 30 exit
@@ -105,7 +112,12 @@ PATCHES = [
      "  if (lane == 0) w4_stamp(1);\n  pdl_wait();\n  if (lane == 0) w4_stamp(2);\n  for (int i = 0; i < nkb; ++i) {"),
     (KERNEL, "  while (work.next(a, seg)) {\n",
      "  int tseg = 0;\n  unsigned long long kbs = 0;\n  while (work.next(a, seg)) {\n"
+     "    if (tseg == 0) W4_T(38);\n"
      "    if (tseg < 4) kbs |= (unsigned long long)(seg.kb_hi - seg.kb_lo) << (16 * tseg);\n"),
+    (KERNEL, "  WsWork<kPair, kSplit> work(a);\n", "  W4_T(36);\n  WsWork<kPair, kSplit> work(a);\n  W4_T(37);\n"),
+    (KERNEL, "  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile (its place in the stage)\n",
+     "  constexpr uint32_t kAtom = S::kTokens * 128;  // bytes of one 64-k atom of the x tile (its place in the stage)\n"
+     "  if (lane == 0) w4_stamp(35);\n"),
     (KERNEL, "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n",
      "      mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);\n      if (i == 0) W4_T(25);\n"),
     (KERNEL, "      mbar_wait(b.full_b + 8 * s, (i / S::kStages) & 1);\n",
@@ -212,10 +224,13 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def one_launch(mod, call, flush: torch.Tensor, kblocks: list | None = None) -> dict:
+def one_launch(mod, call, flush: torch.Tensor, kblocks: list | None = None, warm=None) -> dict:
     """One traced launch after an L2-evicting read; the per-launch statistics in ns. With `kblocks`
-    (a build with KB_PATCHES), its ring steps are appended there."""
+    (a build with KB_PATCHES), its ring steps are appended there. `warm`, when given, runs between
+    the read and the launch (the same call on other data: the code back in L2, the data not)."""
     flush.sum()
+    if warm is not None:
+        warm()
     mod.trace_clear()
     if kblocks is not None:
         mod.ktrace_clear()
@@ -248,6 +263,10 @@ def one_launch(mod, call, flush: torch.Tensor, kblocks: list | None = None) -> d
         "init": med([ns(b, 0, 32) for b in blocks if b[32][1]]),
         "role": med([ns(b, 0, 33) for b in blocks if b[33][1]]),
         "walk": med([ns(b, 0, 34) for b in blocks if b[34][1]]),
+        "entered": med([ns(b, 0, 35) for b in blocks if b[35][1]]),
+        "c_begun": med([ns(b, 0, 36) for b in blocks if b[36][1]]),
+        "c_work": med([ns(b, 0, 37) for b in blocks if b[37][1]]),
+        "c_first": med([ns(b, 0, 38) for b in blocks if b[38][1]]),
         "pdl": med([ns(b, 1, 2) for b in blocks if b[1][1] and b[2][1]]),
         "kblock": med([ns(b, 4, 5) / max(1, kb - 1) for b, kb in zip(first, kb0) if kb > 1]),
         "drain": med([ns(b, 5, 6) for b in first]),
@@ -279,6 +298,8 @@ def main() -> int:
     ap.add_argument("--order", type=int, default=0)
     ap.add_argument("--patches", default="", help="one of compare_builds.py's PATCHES, applied first")
     ap.add_argument("--kblocks", action="store_true", help="stamp each ring step too (KB_PATCHES)")
+    ap.add_argument("--warm-code", action="store_true",
+                    help="before each traced launch, the same call on another layer's data (code in L2, data not)")
     args = ap.parse_args()
     name = ("timeline_kb_" if args.kblocks else "timeline_") + Path(args.tree).name + (f"_{args.patches}" if args.patches else "")
     mod = build_tree(name, Path(args.tree),
@@ -300,13 +321,17 @@ def main() -> int:
         bench = case.measure(copy).median_us
         x, (qw, qz, s) = layer.x(m, 0), layer.gemv(0)
         steps = [] if args.kblocks else None
-        runs = [one_launch(mod, lambda: run(x, qw, qz, s, None), flush, steps) for _ in range(args.launches)]
+        other = cases.Layer(k, n, 128, seed=2)
+        xo, (qwo, qzo, so) = other.x(m, 0), other.gemv(0)
+        warm = (lambda: run(xo, qwo, qzo, so, None)) if args.warm_code else None
+        runs = [one_launch(mod, lambda: run(x, qw, qz, s, None), flush, steps, warm) for _ in range(args.launches)]
         col = {key: med([r[key] for r in runs]) for key in runs[0]}
         print(f"{cell}: bench {bench:.2f} us | blocks {col['blocks']:.0f} tiles/block {col['tiles']:.0f} "
               f"kb/tile0 {col['kb']:.0f} @ {col['ghz']:.2f} GHz | span {col['span'] / 1e3:.2f} us, skew "
-              f"{col['skew'] / 1e3:.2f}, prologue {col['prologue'] / 1e3:.2f} (barriers {col['init'] / 1e3:.2f}, producer {col['role'] / 1e3:.2f}, first segment "
+              f"{col['skew'] / 1e3:.2f}, prologue {col['prologue'] / 1e3:.2f} (barriers {col['init'] / 1e3:.2f}, producer {col['role'] / 1e3:.2f}, its loop {col['entered'] / 1e3:.2f}, first segment "
               f"{col['walk'] / 1e3:.2f}, stage 0's constants issued {col['issued'] / 1e3:.2f}, part A {col['part_a'] / 1e3:.2f}, pdl wait "
-              f"{col['pdl'] / 1e3:.2f}), "
+              f"{col['pdl'] / 1e3:.2f}; MMA warps: begun {col['c_begun'] / 1e3:.2f}, walk set up {col['c_work'] / 1e3:.2f}, "
+              f"first segment {col['c_first'] / 1e3:.2f}), "
               f"kblock {col['kblock'] / 1e3:.3f}, drain {col['drain'] / 1e3:.2f}, out {col['out'] / 1e3:.2f}, "
               f"after {col['after'] / 1e3:.2f} (wait {col['wait1'] / 1e3:.2f}, sum {col['reduce'] / 1e3:.2f}, wait "
               f"{col['wait2'] / 1e3:.2f}), finish {col['finish'] / 1e3:.2f}, stream-K add {col['skadd'] / 1e3:.2f} "
