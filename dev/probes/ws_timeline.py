@@ -321,9 +321,11 @@ def main() -> int:
         bench = case.measure(copy).median_us
         x, (qw, qz, s) = layer.x(m, 0), layer.gemv(0)
         steps = [] if args.kblocks else None
-        other = cases.Layer(k, n, 128, seed=2)
-        xo, (qwo, qzo, so) = other.x(m, 0), other.gemv(0)
-        warm = (lambda: run(xo, qwo, qzo, so, None)) if args.warm_code else None
+        warm = None
+        if args.warm_code:
+            other = cases.Layer(k, n, 128, seed=2)
+            xo, (qwo, qzo, so) = other.x(m, 0), other.gemv(0)
+            warm = lambda: run(xo, qwo, qzo, so, None)  # noqa: E731
         runs = [one_launch(mod, lambda: run(x, qw, qz, s, None), flush, steps, warm) for _ in range(args.launches)]
         col = {key: med([r[key] for r in runs]) for key in runs[0]}
         print(f"{cell}: bench {bench:.2f} us | blocks {col['blocks']:.0f} tiles/block {col['tiles']:.0f} "
