@@ -212,9 +212,10 @@ __device__ __forceinline__ void for_each_output(float (&acc)[NT][NB][4], int row
         f(acc[i][nb][e], 8 * nb + 2 * t + (e & 1), row0 + step * i + g + 8 * (e >> 1));
 }
 
-// The MMA threads' barrier: named barrier 1 over the 256 threads that hold accumulators (a
+// The MMA threads' barrier: named barrier 1 over the kThreads threads that hold accumulators (a
 // warp-specialised block's producer warp takes no part in the output).
-__device__ __forceinline__ void mma_threads_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kBatchThreads) : "memory"); }
+template <int kThreads = kBatchThreads>
+__device__ __forceinline__ void mma_threads_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory"); }
 
 // y[m, n] from its fp32 sum: the bias added in fp32, one rounding.
 __device__ __forceinline__ void store_output(const BatchArgs& a, float v, int m, int n) {

@@ -101,9 +101,10 @@ namespace {
 
 // One k-block's stage: x (the header's two swizzle atoms), weights, scales, zeros. kSwizzledW: the
 // weights 128-byte swizzled (the natural k order, whose loads would otherwise meet four to a bank).
-template <int MT, int NT, bool kSwizzledW>
+// WG: the MMA warpgroups, each NT m64 tiles of the block's rows.
+template <int MT, int NT, bool kSwizzledW, int WG = 2>
 struct StageLayout {
-  static constexpr int kRows = 2 * NT * 64;  // rows of N per block
+  static constexpr int kRows = WG * NT * 64;  // rows of N per block
   static constexpr int kTokens = MT;
   static constexpr int kXOff = 0;            // 1 KB aligned: the swizzle atoms need it
   static constexpr int kWOff = kXOff + kTokens * 256;  // 1 KB aligned: the weights' swizzle needs it
@@ -300,7 +301,7 @@ __device__ __forceinline__ void store_split_partial(float (&acc)[NT][NB][4], flo
                   [&](float& v, int m, int n) { tile[m * SplitTile<MT, R>::kStride + n] = v; });
 }
 
-// Between the two cluster barriers, the 256 MMA threads of block `split`: its share of the tile's
+// Between the two cluster barriers, the kThreads MMA threads of block `split`: its share of the tile's
 // sum over the a.splits splits, in units of 4 rows of one token, two units a thread at a time with
 // every split's loads of both issued before the adds (a read of another block's shared memory takes
 // hundreds of cycles). tile: the partial tile's shared address (the same offset in every block);
@@ -309,7 +310,7 @@ __device__ __forceinline__ void store_split_partial(float (&acc)[NT][NB][4], flo
 // behind a run-time test of a.splits, which runs at about half the rate (H100,
 // dev/probes/dsmem_rate.cu: 2.37 against 1.38 us for a 128-token share of a 128-row tile) but
 // adds one copy of the sum to its kernel instead of seven.
-template <int MT, int R, int kSplits = 0>
+template <int MT, int R, int kSplits = 0, int kThreads = kBatchThreads>
 __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_t tile, int split, int m0, int n0) {
   constexpr int kUnitsPerRow = R / 4, kAtOnce = 2, kSlots = kSplits > 0 ? kSplits : kMaxClusterSplits;
   const int splits = kSplits > 0 ? kSplits : a.splits;
@@ -318,13 +319,13 @@ __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_
   uint32_t src[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) src[s] = s < splits ? cluster_smem_addr(tile, s) : 0u;
-  for (int first = threadIdx.x; first < units; first += kAtOnce * kBatchThreads) {
+  for (int first = threadIdx.x; first < units; first += kAtOnce * kThreads) {
     float4 p[kAtOnce][kSlots];
     int m[kAtOnce], n[kAtOnce];
     bool ok[kAtOnce];
 #pragma unroll
     for (int j = 0; j < kAtOnce; ++j) {
-      const int u = first + j * kBatchThreads;
+      const int u = first + j * kThreads;
       const int t = t0 + u / kUnitsPerRow, c = u % kUnitsPerRow;
       m[j] = m0 + t;
       n[j] = n0 + 4 * c;
@@ -349,17 +350,17 @@ __device__ __forceinline__ void reduce_split_cluster(const BatchArgs& a, uint32_
 // warp-specialised kernel's (its tiles of up to 256 tokens make the sum several microseconds). In
 // the barrier kernel the seven copies made the whole kernel compile 3-10% slower at M = 24-32
 // (H100, dev/LOG.md), and its tiles of up to 128 tokens keep the run-time loop short.
-template <int MT, int R>
+template <int MT, int R, int kThreads>
 __device__ __forceinline__ void reduce_split_cluster_of(const BatchArgs& a, uint32_t tile, int split, int m0, int n0) {
   static_assert(kMaxClusterSplits == 8, "a case for every cluster size");
   switch (a.splits) {
-    case 2: reduce_split_cluster<MT, R, 2>(a, tile, split, m0, n0); break;
-    case 3: reduce_split_cluster<MT, R, 3>(a, tile, split, m0, n0); break;
-    case 4: reduce_split_cluster<MT, R, 4>(a, tile, split, m0, n0); break;
-    case 5: reduce_split_cluster<MT, R, 5>(a, tile, split, m0, n0); break;
-    case 6: reduce_split_cluster<MT, R, 6>(a, tile, split, m0, n0); break;
-    case 7: reduce_split_cluster<MT, R, 7>(a, tile, split, m0, n0); break;
-    default: reduce_split_cluster<MT, R, 8>(a, tile, split, m0, n0); break;
+    case 2: reduce_split_cluster<MT, R, 2, kThreads>(a, tile, split, m0, n0); break;
+    case 3: reduce_split_cluster<MT, R, 3, kThreads>(a, tile, split, m0, n0); break;
+    case 4: reduce_split_cluster<MT, R, 4, kThreads>(a, tile, split, m0, n0); break;
+    case 5: reduce_split_cluster<MT, R, 5, kThreads>(a, tile, split, m0, n0); break;
+    case 6: reduce_split_cluster<MT, R, 6, kThreads>(a, tile, split, m0, n0); break;
+    case 7: reduce_split_cluster<MT, R, 7, kThreads>(a, tile, split, m0, n0); break;
+    default: reduce_split_cluster<MT, R, 8, kThreads>(a, tile, split, m0, n0); break;
   }
 }
 #endif
@@ -367,7 +368,7 @@ __device__ __forceinline__ void reduce_split_cluster_of(const BatchArgs& a, uint
 // ---- the output tile without split-K (both kernels) ----
 // The block's MT x R result goes to y through shared memory (the stages are free by then): each
 // thread adds the bias in fp32, rounds once to fp16 and stores its fragments transposed
-// (stmatrix) into a [MT tokens][R + 8] tile; then the 256 MMA threads write y's rows in whole
+// (stmatrix) into a [MT tokens][R + 8] tile; then the MMA threads write y's rows in whole
 // 16-byte pieces. Stored straight from the fragments, each instruction would put 2 bytes a lane
 // into 4 rows of y: 6-7 us a 256 x 128 tile on the H100 (dev/LOG.md), a tenth of a 4096-deep layer.
 template <int MT, int R>
@@ -388,7 +389,8 @@ __device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
 // bytes; row0_local: acc's tile 0's first row within the block's R rows (tile i at + 64 i); n0, m0:
 // the block's first row of N and first token. kPasses > 1 writes the rows in that many slices
 // through the same memory (a warpgroup's rows lie in one slice), where the whole tile does not fit.
-template <int MT, int R, int NT, int kPasses = 1>
+// kThreads: the MMA threads (every one takes part).
+template <int MT, int R, int NT, int kPasses = 1, int kThreads = kBatchThreads>
 __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], const BatchArgs& a, const uint8_t* tile,
                                                   uint32_t tile_addr, int row0_local, int lane, int n0, int m0) {
   constexpr int kSliceRows = R / kPasses;
@@ -398,7 +400,7 @@ __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], c
   const int g = lane >> 2, q = lane >> 3, j = lane & 7;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
-    if (pass > 0) mma_threads_sync();  // the previous slice has been read out
+    if (pass > 0) mma_threads_sync<kThreads>();  // the previous slice has been read out
     if (row0_local / kSliceRows == pass) {
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
@@ -420,10 +422,10 @@ __device__ __forceinline__ void store_result_tile(float (&acc)[NT][MT / 8][4], c
                             f16x2_bits(acc[i][nb + 1][2] + bhi, acc[i][nb + 1][3] + bhi));
       }
     }
-    mma_threads_sync();
+    mma_threads_sync<kThreads>();
     constexpr int kChunksPerRow = kSliceRows / 8;  // 16 bytes: 8 rows of N (N % 8 == 0: wholly in or out)
 #pragma unroll 4
-    for (int c = thread_index_here(); c < MT * kChunksPerRow; c += kBatchThreads) {
+    for (int c = thread_index_here(); c < MT * kChunksPerRow; c += kThreads) {
       const int t = c / kChunksPerRow, u = c - t * kChunksPerRow;
       const int m = m0 + t, n = n0 + pass * kSliceRows + 8 * u;
       if (m < a.M && n < a.N)
@@ -541,9 +543,10 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 
 // ---- the warp-specialised kernel: any M, tokens in tiles of MT, a producer warp ----
 //
-// Same numerics and k order as above. An output tile is R = 128 NT rows of N by MT = 64, 128 or 256
-// tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1; 6 = 5 in pairs). Warps 0-7 are two MMA warpgroups
-// (wgmma_stage, m64nMT, one per m64 tile); warps 8-11 the producer's warpgroup, whose first warp
+// Same numerics and k order as above. An output tile is R = 64 NT WG rows of N by MT = 64, 128 or
+// 256 tokens (variant 1..5 = MT 64/64/128/128/256 with NT 1/2/1/2/1 on WG = 2; 6 = 5 in pairs; 7 =
+// MT 128, NT 1 on WG = 3, 192 rows). Warps 0 .. 4 WG - 1 are WG MMA warpgroups (wgmma_stage,
+// m64nMT, one per m64 tile); the next four the producer's warpgroup, whose first warp
 // fills a ring of 3-8 stages (as many as fit) through the tensor copy engine (activations: two
 // boxes of x or x_perm a stage, one per 64-k atom, with the 128-byte swizzle, k past the row
 // zero-filled; weights: one box a stage, swizzled too in the natural order) and the bulk copy
@@ -572,7 +575,7 @@ __global__ void __launch_bounds__(kBatchThreads, MT <= 32 ? 2 : 1)
 // columns past M, which nothing stores (every store of y, and of a partial, checks m < M). The
 // pairs keep xmap for every tile (a half box past M cost them nothing there).
 // Launch shape: grid (P), grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1), or grid (P, 2) in
-// clusters of (1, 2, 1) (pairs, xmap's box half the tile's tokens); 384 threads,
+// clusters of (1, 2, 1) (pairs, xmap's box half the tile's tokens); 384 threads (512 in variant 7),
 // dynamic shared memory kStages x (MT x 256 + R x 64 + R x 10, rounded up to 1 KB) + 1 KB (227 KB
 // opt-in at MT = 256), 1 block/SM; preceded (PDL) by permute_x_kernel in the permuted order, and by
 // zero_flags_kernel where the launch has stream-K.
@@ -591,23 +594,30 @@ __global__ void __launch_bounds__(256) zero_flags_kernel(int* __restrict__ flags
   if (i < n) flags[i] = 0;
 }
 
-// Two MMA warpgroups, then the producer's warpgroup (one warp of it copies, three leave at once).
-// Registers are split unevenly (setmaxnreg): 232 a thread for the MMA warps, which hold a 64 x 256
-// fp32 accumulator, 40 for the producer's (224 and 56 in the pairs' launch, whose producer also
-// walks stream-K's shares and multicasts: at 40 it spilled). The block is launched with 168 a
-// thread (384 threads) and setmaxnreg.inc waits until the block's pool has the registers: 2 x MMA +
-// producer must be 3 x 168, or the block hangs (seen on the H100 with 2 x 240 + 32).
-constexpr int kWsThreads = kBatchThreads + 128;
-constexpr int kWsMmaRegs = 232, kWsProducerRegs = 40;
-constexpr int kPairMmaRegs = 224, kPairProducerRegs = 56;
-static_assert(2 * kWsMmaRegs + kWsProducerRegs == 3 * (65536 / kWsThreads / 8 * 8), "the pool the block starts with");
-static_assert(2 * kPairMmaRegs + kPairProducerRegs == 2 * kWsMmaRegs + kWsProducerRegs, "the same pool");
+// WG MMA warpgroups (two, or three in variant 7), then the producer's warpgroup (one warp of it
+// copies, three leave at once). Registers are split unevenly (setmaxnreg): with two MMA warpgroups
+// 232 a thread for the MMA warps, which hold a 64 x 256 fp32 accumulator, 40 for the producer's
+// (224 and 56 in the pairs' launch, whose producer also walks stream-K's shares and multicasts: at
+// 40 it spilled); with three, 152 (a 64 x 128 accumulator) and 56. The block is launched with
+// 65536 / threads a thread (168 at 384 threads, 128 at 512) and setmaxnreg.inc waits until the
+// block's pool has the registers: WG x MMA + producer must be (WG + 1) x that, or the block hangs
+// (seen on the H100 with 2 x 240 + 32).
+__host__ __device__ constexpr int ws_threads(int wg) { return wg * 128 + 128; }
+__host__ __device__ constexpr int ws_mma_regs(int wg, bool pair) { return wg == 3 ? 152 : pair ? 224 : 232; }
+__host__ __device__ constexpr int ws_producer_regs(int wg, bool pair) { return wg == 3 || pair ? 56 : 40; }
+constexpr bool ws_regs_fill_the_pool(int wg, bool pair) {
+  return wg * ws_mma_regs(wg, pair) + ws_producer_regs(wg, pair) == (wg + 1) * (65536 / ws_threads(wg) / 8 * 8);
+}
+static_assert(ws_regs_fill_the_pool(2, false) && ws_regs_fill_the_pool(2, true) && ws_regs_fill_the_pool(3, false),
+              "the pool the block starts with");
 constexpr int kWsSmemLimit = 227 * 1024;        // the H100's and H200's opt-in limit per block
 
 // The warp-specialised kernel's stages: as many as fit the opt-in limit, up to 8 (3 at MT = 256).
-template <int MT, int NT, bool kNatural>
-struct WsStage : StageLayout<MT, NT, kNatural> {
-  using L = StageLayout<MT, NT, kNatural>;
+template <int MT, int NT, bool kNatural, int WG = 2>
+struct WsStage : StageLayout<MT, NT, kNatural, WG> {
+  using L = StageLayout<MT, NT, kNatural, WG>;
+  static constexpr int kMmaThreads = WG * 128;  // the threads that hold accumulators
+  static_assert(kMmaThreads + 128 == ws_threads(WG), "the MMA warpgroups, then the producer's");
   static constexpr int kStages =
       (kWsSmemLimit - 1024) / L::kStageBytes >= 8 ? 8 : (kWsSmemLimit - 1024) / L::kStageBytes;
   static constexpr int kSmem = kStages * L::kStageBytes + 1024;  // + room to align the base to 1 KB
@@ -876,7 +886,7 @@ __device__ __forceinline__ void ws_produce(const BatchArgs& a, const CUtensorMap
 // A tile whose k-blocks fall into several blocks' ranges: the first block has k-blocks 0 .. j at
 // the end of its range, each later one a piece at the start of its own (or its whole range, where
 // ranges are shorter than a tile: a tile meets as many ranges as it takes). A later block stores its fp32
-// partial tile to global memory in its own registers' order (partial [slot][MT R / 4][256
+// partial tile to global memory in its own registers' order (partial [slot][MT R / 4 / T][T MMA
 // threads] float4, one coalesced 512-byte piece a warp and instruction) and raises its flag
 // (counters[slot], zeroed by zero_flags_kernel); the first block, at the end of its range, waits for
 // each flag in block order and adds the partials to its own sum in that order, so the bits depend
@@ -887,20 +897,20 @@ template <bool kPair>
 __device__ __forceinline__ int stream_k_slot(int block) {
   return kPair ? 2 * block + (int)blockIdx.y : block;
 }
-template <int NT, int NB>
+template <int kThreads, int NT, int NB>
 __device__ __forceinline__ void stream_k_store(const float (&acc)[NT][NB][4], const BatchArgs& a, int slot) {
-  float4* part = reinterpret_cast<float4*>(a.partial) + (size_t)slot * NT * NB * kBatchThreads + threadIdx.x;
+  float4* part = reinterpret_cast<float4*>(a.partial) + (size_t)slot * NT * NB * kThreads + threadIdx.x;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
-      __stcg(part + (i * NB + nb) * kBatchThreads, make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]));
+      __stcg(part + (i * NB + nb) * kThreads, make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]));
   __threadfence();    // this thread's partial is visible device-wide ...
-  mma_threads_sync();  // ... and every MMA thread's, before the flag
+  mma_threads_sync<kThreads>();  // ... and every MMA thread's, before the flag
   if (threadIdx.x == 0) st_release_gpu(a.counters + slot, 1);
 }
 // unit_end: the step after the unit's last. Blocks with an empty share store nothing.
-template <bool kPair, int NT, int NB>
+template <bool kPair, int kThreads, int NT, int NB>
 __device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const BatchArgs& a, int64_t unit_end) {
   using Work = WsWork<kPair>;
   for (int block = blockIdx.x + 1; block < a.sk_blocks && Work::sk_begin(a, block) < unit_end; ++block) {
@@ -908,14 +918,14 @@ __device__ __forceinline__ void stream_k_add(float (&acc)[NT][NB][4], const Batc
     const int slot = stream_k_slot<kPair>(block);
     if (threadIdx.x == 0)
       while (ld_acquire_gpu(a.counters + slot) == 0) __nanosleep(64);
-    mma_threads_sync();
+    mma_threads_sync<kThreads>();
     const float4* part =
-        reinterpret_cast<const float4*>(a.partial) + (size_t)slot * NT * NB * kBatchThreads + threadIdx.x;
+        reinterpret_cast<const float4*>(a.partial) + (size_t)slot * NT * NB * kThreads + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < NT; ++i)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        const float4 p = __ldcg(part + (i * NB + nb) * kBatchThreads);
+        const float4 p = __ldcg(part + (i * NB + nb) * kThreads);
         acc[i][nb][0] += p.x;
         acc[i][nb][1] += p.y;
         acc[i][nb][2] += p.z;
@@ -935,7 +945,9 @@ template <typename S, int NT, bool kSplit, bool kNatural, bool kPair = false, in
 __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* smem, uint32_t smem0, const WsBarriers& b,
                                            int warp, int lane) {
   WsWork<kPair, kSplit> work(a);
-  constexpr int kPasses = OutTile<MT, S::kRows>::kBytes <= S::kStageBytes ? 1 : 2;
+  constexpr int kThreads = S::kMmaThreads, kWarpgroups = kThreads / 128;
+  // where the whole output tile does not fit the held stage, one warpgroup's rows at a time
+  constexpr int kPasses = OutTile<MT, S::kRows>::kBytes <= S::kStageBytes ? 1 : kWarpgroups;
   static_assert(OutTile<MT, S::kRows / kPasses>::kBytes <= S::kStageBytes, "the output tile fits a stage");
   const int slot = a.run_slots == 1 ? 0 : (lane & 3);
   const int row0_local = (warp >> 2) * NT * 64 + (warp & 3) * 16;
@@ -967,20 +979,21 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
     if constexpr (kSplit) {
       mbar_arrive(b.empty_b + 8 * held);
       pdl_wait();  // (the producer waited before the activations; the writes wait too)
-      mma_threads_sync();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
+      mma_threads_sync<kThreads>();  // every MMA thread's wgmmas have read their last stage (and every copy landed)
       static_assert(SplitTile<MT, S::kRows>::kBytes <= S::kStages * S::kStageBytes, "the partial tile fits");
       store_split_partial<MT, S::kRows>(acc, reinterpret_cast<float*>(const_cast<uint8_t*>(smem)), row0_local, 64,
                                         lane);
     } else {
       if (seg.kb_lo > 0) {
-        stream_k_store(acc, a, stream_k_slot<kPair>(blockIdx.x));  // a later piece of a tile an earlier block began
+        // a later piece of a tile an earlier block began
+        stream_k_store<kThreads>(acc, a, stream_k_slot<kPair>(blockIdx.x));
       } else {
         if (seg.kb_hi < a.kblocks)  // later blocks have the rest
-          stream_k_add<kPair>(acc, a, (seg.unit + 1) * a.kblocks);
-        mma_threads_sync();  // every MMA thread's wgmmas have read the held stage
-        store_result_tile<MT, S::kRows, NT, kPasses>(acc, a, smem + held * S::kStageBytes,
-                                                     smem0 + held * S::kStageBytes, row0_local, lane,
-                                                     seg.cb * S::kRows, (int)(seg.mt * MT));
+          stream_k_add<kPair, kThreads>(acc, a, (seg.unit + 1) * a.kblocks);
+        mma_threads_sync<kThreads>();  // every MMA thread's wgmmas have read the held stage
+        store_result_tile<MT, S::kRows, NT, kPasses, kThreads>(acc, a, smem + held * S::kStageBytes,
+                                                               smem0 + held * S::kStageBytes, row0_local, lane,
+                                                               seg.cb * S::kRows, (int)(seg.mt * MT));
       }
       fence_proxy_async_shared();  // this thread's writes to the stage before the copy engines' next ones
       release_stage<kPair>(b.empty_a + 8 * held, lane);
@@ -991,18 +1004,20 @@ __device__ __forceinline__ void ws_consume(const BatchArgs& a, const uint8_t* sm
 #endif
 
 // Persistent (!kSplit): grid (P), P <= the tile count and the SM count; split-K in clusters
-// (kSplit): grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1). kWsThreads threads, S::kSmem
+// (kSplit): grid (ceil(N / R), S, m_tiles) in clusters of (1, S, 1). ws_threads(WG) threads, S::kSmem
 // bytes of dynamic shared memory; wmap, xmap, xtail: the tensor maps of the weights, of x and of
 // x's last token tile (weight_tensor_map, x_tensor_map). kNatural: wgmma_stage's k order. kPair
 // (persistent only): grid (P, 2) in clusters of (1, 2, 1), P <= the pairs of tiles and half the SM
-// count (WsWork), xmap's box half a tile's tokens.
-template <int MT, int NT, bool kSplit, bool kNatural, bool kPair = false>
-__global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const BatchArgs a,
-                                                                      const __grid_constant__ CUtensorMap wmap,
-                                                                      const __grid_constant__ CUtensorMap xmap,
-                                                                      const __grid_constant__ CUtensorMap xtail) {
+// count (WsWork), xmap's box half a tile's tokens. WG: the MMA warpgroups (2, or 3 without pairs).
+template <int MT, int NT, bool kSplit, bool kNatural, bool kPair = false, int WG = 2>
+__global__ void __launch_bounds__(ws_threads(WG), 1) gemm_w4a16_ws_kernel(const BatchArgs a,
+                                                                          const __grid_constant__ CUtensorMap wmap,
+                                                                          const __grid_constant__ CUtensorMap xmap,
+                                                                          const __grid_constant__ CUtensorMap xtail) {
 #if defined(W4_HAS_WGMMA)
-  using S = WsStage<MT, NT, kNatural>;
+  static_assert(WG == 2 || (WG == 3 && !kPair), "the pairs' release counts two MMA warpgroups");
+  using S = WsStage<MT, NT, kNatural, WG>;
+  constexpr int kMmaWarps = S::kMmaThreads / 32;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[4 * S::kStages];  // WsBarriers
   const uint32_t raw = smem_u32(smem_raw);
@@ -1016,8 +1031,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(b.full_a + 8 * s, 1 + 32);  // the producer's expect_tx, its 32 lanes' cp.async
       mbar_init(b.full_b + 8 * s, 1);       // its expect_tx
-      mbar_init(b.empty_a + 8 * s, kBatchThreads + (kPair ? kBatchWarps : 0));  // (release_stage)
-      mbar_init(b.empty_b + 8 * s, kBatchThreads + (kPair ? kBatchWarps : 0));
+      mbar_init(b.empty_a + 8 * s, S::kMmaThreads + (kPair ? kMmaWarps : 0));  // (release_stage)
+      mbar_init(b.empty_b + 8 * s, S::kMmaThreads + (kPair ? kMmaWarps : 0));
     }
     fence_mbar_init();
   }
@@ -1030,9 +1045,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
   // Split-K: the cluster's sum (ws_consume left the partial tile), whose barriers every thread of
   // the cluster passes; each role passes them in its own branch, so that no code past the branches
   // is bound to the producer's 40 registers.
-  if (warp >= kBatchWarps) {
-    setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();
-    if (warp == kBatchWarps) {
+  if (warp >= kMmaWarps) {
+    setmaxnreg_dec<ws_producer_regs(WG, kPair)>();
+    if (warp == kMmaWarps) {
       const bool bulk = ws_bulk_constants<S, kPair>(a);
       if constexpr (kSplit) {
         const int kb0 = blockIdx.y * a.kb_per_split, nkb = min(a.kblocks, kb0 + a.kb_per_split) - kb0;
@@ -1053,11 +1068,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_w4a16_ws_kernel(const Batc
     }
     if constexpr (kPair) cluster_sync();  // neither block leaves while the other may still reach into it
   } else {
-    setmaxnreg_inc<kPair ? kPairMmaRegs : kWsMmaRegs>();
+    setmaxnreg_inc<ws_mma_regs(WG, kPair)>();
     ws_consume<S, NT, kSplit, kNatural, kPair>(a, smem, smem0, b, warp, lane);
     if constexpr (kSplit) {
       cluster_sync();
-      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
+      reduce_split_cluster_of<MT, S::kRows, S::kMmaThreads>(a, smem0, blockIdx.y, blockIdx.z * MT,
+                                                            blockIdx.x * S::kRows);
       cluster_sync_reads_done();
     }
     if constexpr (kPair) cluster_sync();
@@ -1113,19 +1129,22 @@ bool wgmma_shapes_ok(int64_t M, int64_t max_m, int64_t K, int64_t N, int64_t G) 
 struct WsVariant {
   using Kernel = void (*)(const BatchArgs, const CUtensorMap, const CUtensorMap, const CUtensorMap);
   Kernel fn[2][2];  // [natural][split]
-  int rows, smem, tokens;
+  int rows, smem, tokens, threads;
   Kernel pair;  // the pairs' launch (natural order), or null
 };
 
-template <int MT, int NT, bool kPairs = false>
+template <int MT, int NT, bool kPairs = false, int WG = 2>
 WsVariant ws_variant() {
-  using S = WsStage<MT, NT, true>;
-  static_assert(S::kSmem == WsStage<MT, NT, false>::kSmem, "one launch shape for both k orders");
-  WsVariant v = {{{gemm_w4a16_ws_kernel<MT, NT, false, false>, gemm_w4a16_ws_kernel<MT, NT, true, false>},
-                  {gemm_w4a16_ws_kernel<MT, NT, false, true>, gemm_w4a16_ws_kernel<MT, NT, true, true>}},
+  using S = WsStage<MT, NT, true, WG>;
+  static_assert(S::kSmem == WsStage<MT, NT, false, WG>::kSmem, "one launch shape for both k orders");
+  WsVariant v = {{{gemm_w4a16_ws_kernel<MT, NT, false, false, false, WG>,
+                   gemm_w4a16_ws_kernel<MT, NT, true, false, false, WG>},
+                  {gemm_w4a16_ws_kernel<MT, NT, false, true, false, WG>,
+                   gemm_w4a16_ws_kernel<MT, NT, true, true, false, WG>}},
                  S::kRows,
                  S::kSmem,
                  S::kTokens,
+                 ws_threads(WG),
                  nullptr};
   if constexpr (kPairs) v.pair = gemm_w4a16_ws_kernel<MT, NT, false, true, true>;
   return v;
@@ -1178,8 +1197,9 @@ cudaError_t x_tensor_map(const void* x, int64_t M, int64_t cols, int tokens, CUt
   return encode_tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x, dims, strides, box, true, map);
 }
 
-// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1); 6 = 5 in pairs
-// of blocks sharing each stage's activations (x as it lies, no split-K)
+// variant: 1 = (MT 64, NT 1), 2 = (64, 2), 3 = (128, 1), 4 = (128, 2), 5 = (256, 1) on two MMA
+// warpgroups; 6 = 5 in pairs of blocks sharing each stage's activations (x as it lies, no split-K);
+// 7 = (128, 1) on three MMA warpgroups (192 rows)
 bool pick_ws_variant(int variant, WsVariant* v) {
   switch (variant) {
     case 1: *v = ws_variant<64, 1>(); return true;
@@ -1188,6 +1208,7 @@ bool pick_ws_variant(int variant, WsVariant* v) {
     case 4: *v = ws_variant<128, 2>(); return true;
     case 5: *v = ws_variant<256, 1>(); return true;
     case 6: *v = ws_variant<256, 1, true>(); return true;
+    case 7: *v = ws_variant<128, 1, false, 3>(); return true;
     default: return false;
   }
 }
@@ -1306,32 +1327,35 @@ struct WsSpread {
 // by dev/probes/variant_model.py).
 // The pairs' clusters that run at once (a GPC of an odd SM count leaves one SM out of them).
 int64_t pair_clusters(const WsVariant& v, int sms) {
-  const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2);
+  const int fit = max_active_clusters(reinterpret_cast<const void*>(v.pair), v.threads, v.smem, 2);
   return fit > 0 && fit < sms / 2 ? fit : sms / 2;
 }
 // Whether the driver says how many of them fit: stream-K over the pairs needs that (its ranges
 // must all be resident), where pair_clusters' half the SMs is only a guess.
 bool pair_clusters_known(const WsVariant& v) {
-  return max_active_clusters(reinterpret_cast<const void*>(v.pair), kWsThreads, v.smem, 2) > 0;
+  return max_active_clusters(reinterpret_cast<const void*>(v.pair), v.threads, v.smem, 2) > 0;
 }
 
 constexpr int64_t kPairsMinFill = 95, kPairsOneWaveFill = 70;  // percent
 int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
-  static constexpr int kTokens[6] = {0, 64, 64, 128, 128, 256}, kRows[6] = {0, 128, 256, 128, 256, 128};
-  static constexpr int64_t kCost[6] = {0, 210, 140, 130, 100, 100};
+  static constexpr int kTokens[8] = {0, 64, 64, 128, 128, 256, 0, 128}, kRows[8] = {0, 128, 256, 128, 256, 128, 0, 192};
+  static constexpr int64_t kCost[8] = {0, 210, 140, 130, 100, 100, 0, 110};
   const int kblocks = static_cast<int>((K + 127) / 128);
-  int best = 5;
-  int64_t best_cost = INT64_MAX;
-  for (int v = 5; v >= 1; --v) {  // ties go to the larger tile
+  auto cost_of = [&](int v) {
     const int64_t blocks = (N + kRows[v] - 1) / kRows[v] * ((M + kTokens[v] - 1) / kTokens[v]);
     WsVariant variant;
     pick_ws_variant(v, &variant);
-    const int splits = fit_cluster_splits(reinterpret_cast<const void*>(variant.fn[1][1]), kWsThreads, variant.smem,
-                                          blocks, ws_auto_splits(blocks, kblocks, sms), sms);
+    const int splits = fit_cluster_splits(reinterpret_cast<const void*>(variant.fn[1][1]), variant.threads,
+                                          variant.smem, blocks, ws_auto_splits(blocks, kblocks, sms), sms);
     const int64_t per_block = (kblocks + splits - 1) / splits + (splits > 1 ? splits + kSplitBaseCost : 0);
     // in thousandths of a wave: split-K clusters run in whole waves
     const int64_t waves = splits > 1 ? (blocks * splits + sms - 1) / sms * 1000 : WsSpread(blocks, kblocks, sms).waves;
-    const int64_t cost = waves * kTokens[v] * kRows[v] * kCost[v] * per_block;
+    return waves * kTokens[v] * kRows[v] * kCost[v] * per_block;
+  };
+  int best = 5;
+  int64_t best_cost = INT64_MAX;
+  for (int v = 5; v >= 1; --v) {  // ties go to the larger tile
+    const int64_t cost = cost_of(v);
     if (cost < best_cost) best_cost = cost, best = v;
   }
   if (best == 5 && M >= 256) {
@@ -1356,6 +1380,16 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
                     (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters)))
       return 6;
   }
+  // Variant 7's 192-row tiles fill the SMs where 128 and 256 rows do not divide evenly: 4096x6144
+  // at M = 256 is 64 tiles of 192 x 128 at S = 2 on 128 SMs against variant 5's 48 of 128 x 256
+  // on 96; 14336x4096 at M = 128 22 row blocks at S = 5 on 110 against variant 4's 16 at S = 6 on
+  // 96. Priced by the same model at 110 a unit of work (between variants 4 and 3, whose tiles have
+  // as many tokens), only up to one token tile, or two where N is whole row blocks of 192: with two
+  // token tiles and a last row block a third full (8192x10240 at M = 200-256) it ran 11-15% slower,
+  // and on 4096x4096 at M = 128-512 6-22% slower (H100 and H200, dev/LOG.md). H100, against the
+  // model's pick: 4096x6144 at M = 144-256 8-12% faster, 14336x4096 at M = 80-128 4-8%, 8192x10240
+  // at M = 128 13%.
+  if (M <= 256 && (M <= 128 || N % 192 == 0) && cost_of(7) < best_cost) return 7;
   return best;
 }
 
@@ -1554,7 +1588,7 @@ cudaError_t plan_gemm_w4a16_ws(int64_t M, int64_t K, int64_t N, int64_t G, int s
   if (v.pair != nullptr) {
     splits = 1;  // (the pairs: no split)
   } else if (splits == 0) {
-    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), kWsThreads, v.smem, tiles,
+    splits = fit_cluster_splits(reinterpret_cast<const void*>(v.fn[natural][1]), v.threads, v.smem, tiles,
                                 ws_auto_splits(tiles, kblocks, sms), sms);
     // split-K against stream-K over every SM, in thousandths of a k-block of one block's time:
     // clusters need whole GPCs' worth of free SMs, so the S that fits can leave SMs idle
@@ -1647,11 +1681,11 @@ cudaError_t launch_gemm_w4a16_ws(const void* x, void* scratch, const int32_t* qw
     pdl = true;  // the GEMM starts under its own flags' kernel
   }
   if (v.pair != nullptr)  // (plan_gemm_w4a16_ws: natural order, no split)
-    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(kWsThreads), v.smem, stream, pdl, 2, a, wmap, xmap,
+    return launch_kernel(v.pair, dim3(plan.ctas / 2, 2), dim3(v.threads), v.smem, stream, pdl, 2, a, wmap, xmap,
                          xtail);
   return launch_kernel(v.fn[natural][plan.splits > 1],
                        plan.splits > 1 ? dim3(plan.row_blocks, plan.splits, plan.m_tiles) : dim3(plan.ctas),
-                       dim3(kWsThreads), v.smem, stream, pdl, plan.splits, a, wmap, xmap, xtail);
+                       dim3(v.threads), v.smem, stream, pdl, plan.splits, a, wmap, xmap, xtail);
 }
 
 }  // namespace w4

@@ -77,15 +77,17 @@ SHAPES = [
 
 
 # (kernel, M, row tiles, k order): the mma.sync kernel's variants (NT = 2 only at M <= 16), then the
-# wgmma kernel's (one m64 tile per warpgroup from M = 65), then the warp-specialised kernel's five
-# variants (tokens per tile 64, 64, 128, 128, 256 with 1, 2, 1, 2, 1 m64 tiles per warpgroup): a
+# wgmma kernel's (one m64 tile per warpgroup from M = 65), then the warp-specialised kernel's six
+# variants of one block a tile (tokens per tile 64, 64, 128, 128, 256 with 1, 2, 1, 2, 1 m64 tiles
+# per warpgroup on two MMA warpgroups; 7: 128 tokens, one m64 tile on each of three, 192 rows): a
 # partial tile of tokens, exactly one, several with a tail; the wgmma kernels with x permuted (1)
 # and as it lies (2)
 TILINGS = [(1, m, tiles, 0) for m, tiles in [(9, 2), (16, 2), (24, 1), (31, 2), (40, 1), (64, 2)]] + [
     (2, m, tiles, order) for m, tiles in [(1, 1), (9, 2), (16, 1), (17, 2), (32, 1), (40, 2), (64, 1), (65, 1), (100, 1),
                                           (128, 1)] for order in (1, 2)] + [
     (3, m, variant, order) for m, variant in [(1, 1), (64, 1), (130, 1), (17, 2), (200, 2), (100, 3), (128, 3), (300, 3),
-                                              (65, 4), (257, 4), (129, 5), (256, 5), (511, 5)] for order in (1, 2)]
+                                              (65, 4), (257, 4), (129, 5), (256, 5), (511, 5), (100, 7), (128, 7),
+                                              (300, 7)] for order in (1, 2)]
 
 
 @pytest.mark.parametrize("k,n,g", SHAPES)
@@ -116,7 +118,7 @@ def hopper(kernels):
 def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
     """N that gives the warp-specialised kernel's `variant` at M tokens `more` tiles than the GPU has
     SMs (about; `more` < 0: fewer), its last row block ending in a half-empty 16-row tile."""
-    tokens, rows = {1: (64, 128), 2: (64, 256), 3: (128, 128), 4: (128, 256), 5: (256, 128)}[variant]
+    tokens, rows = {1: (64, 128), 2: (64, 256), 3: (128, 128), 4: (128, 256), 5: (256, 128), 7: (128, 192)}[variant]
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     row_blocks = -(-(sms + more) // -(-m // tokens))
     return row_blocks * rows - 8
@@ -135,7 +137,8 @@ def stream_k_layer_shape(variant: int, m: int, k: int, more: int) -> int:
 # last one); groups of 64 and single groups: the reference's bits.
 @pytest.mark.parametrize("variant,m,more", [(1, 64, 1), (1, 64, -60), (1, 130, 70), (2, 200, 7), (2, 64, -100),
                                             (3, 128, 131), (3, 128, -40), (4, 257, 5), (5, 256, 40), (5, 256, 60),
-                                            (5, 256, -50), (5, 256, -110), (5, 511, 3)])
+                                            (5, 256, -50), (5, 256, -110), (5, 511, 3), (7, 128, 131), (7, 128, -40),
+                                            (7, 300, 5)])
 @pytest.mark.parametrize("k,g,order", [(384, 128, 1), (384, 128, 2), (200, 200, 2), (4160, 64, 1)])
 def test_stream_k_exact(hopper, variant, m, more, k, g, order):
     n = stream_k_layer_shape(variant, m, k, more)
@@ -150,7 +153,7 @@ def test_stream_k_exact(hopper, variant, m, more, k, g, order):
 # stage's rows past M keep whatever an earlier launch left there. A launch whose x is all NaN
 # leaves NaN in the stages of every SM it ran on; a launch after it whose last tile M leaves part
 # empty must still give the reference's bits, with split-K and without, in both k orders.
-@pytest.mark.parametrize("variant,m", [(1, 65), (2, 100), (3, 129), (4, 200), (5, 100), (5, 257)])
+@pytest.mark.parametrize("variant,m", [(1, 65), (2, 100), (3, 129), (4, 200), (5, 100), (5, 257), (7, 129)])
 @pytest.mark.parametrize("splits,order", [(1, 1), (1, 2), (3, 2)])
 def test_rows_past_m_left_from_an_earlier_launch(hopper, variant, m, splits, order):
     k, n, g = 4224, 1032, 128
@@ -188,11 +191,11 @@ def offset_by_one_word(t: torch.Tensor) -> torch.Tensor:
 # a stage's scales and zeros with the bulk copy engine (kernels/gemm_w4a16_wgmma.cu,
 # ws_bulk_constants); with qzeros 4 bytes off a 16-byte boundary (a view), by its 32 lanes'
 # cp.async instead. Both ways give the reference's bits, split-K and persistent, both k orders,
-# the pairs too.
-@pytest.mark.parametrize("variant,splits,order", [(v, s, o) for v in (1, 2, 3, 4, 5) for s in (1, 3) for o in (1, 2)]
-                         + [(6, 1, 2)])
+# the pairs too. N is whole row blocks of 128, 192 and 256 rows.
+@pytest.mark.parametrize("variant,splits,order", [(v, s, o) for v in (1, 2, 3, 4, 5, 7) for s in (1, 3)
+                                                  for o in (1, 2)] + [(6, 1, 2)])
 def test_scales_and_zeros_by_bulk_copy_or_by_lanes(hopper, variant, splits, order):
-    k, n, g, m = 4224, 1024, 128, 300
+    k, n, g, m = 4224, 1536, 128, 300
     layer = make_layer(k, n, g, seed=variant, exact=True)
     x = activations(m, k, seed=m, exact=True)
     want = w4_gemv.gemv_reference(x, **layer)
@@ -303,11 +306,13 @@ def test_pairs_random_real_shape(hopper):
 
 
 # the barrier wgmma kernel (2) up to 128 rows (at 16 and 24 with its scale after the wgmma where its
-# tiles allow it), the warp-specialised one (3) beyond, each with the planner's own variant and
-# split (on 132 SMs 4096x6144 at M = 400 takes the pairs on one wave, x as it lies, and variant 5
-# with stream-K in the permuted order)
+# tiles allow it), the warp-specialised one (3) beyond and at M = 100, each with the planner's own
+# variant and split (on 132 SMs 4096x6144 at M = 400 takes the pairs on one wave, x as it lies, and
+# variant 5 with stream-K in the permuted order; 14336x4096 at M = 100 and 4096x6144 at M = 129-256
+# variant 7)
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (14336, 4096), (4096, 14336), (8192, 28672)])
-@pytest.mark.parametrize("m,kernel", [(16, 2), (24, 2), (64, 2), (128, 2), (129, 3), (256, 3), (400, 3), (1000, 3)])
+@pytest.mark.parametrize("m,kernel", [(16, 2), (24, 2), (64, 2), (100, 3), (128, 2), (129, 3), (256, 3), (400, 3),
+                                      (1000, 3)])
 @pytest.mark.parametrize("order", [1, 2])
 def test_wgmma_random_real_shapes(hopper, k, n, m, kernel, order):
     layer = make_layer(k, n, 128, seed=k + n + m, exact=False)
@@ -478,8 +483,10 @@ def test_binding_messages(kernels):
         huge = torch.zeros(65537, 256, dtype=torch.float16, device=DEV)
         with pytest.raises(RuntimeError, match="at most 65536"):
             mod.gemm_w4_batch(huge, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3)
-        with pytest.raises(RuntimeError, match="no kernel"):  # variants are 1..5
+        with pytest.raises(RuntimeError, match="no kernel"):  # the pairs (6) take x as it lies only
             mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 6, 3)
+        with pytest.raises(RuntimeError, match="no kernel"):  # variants are 1..7
+            mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 8, 3)
         with pytest.raises(RuntimeError, match="no kernel"):  # x as it lies: one scale a 128-k block
             mod.gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], None, 0, 0, 3, False, 2)
     with pytest.raises(RuntimeError, match="order must be"):
