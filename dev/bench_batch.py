@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--tiles", default="1,2,4")
     ap.add_argument("--kernels", default="1,2", help="0 = the GEMV in one launch (M <= 32; --splits are its warps), "
                     "1 = mma.sync (M <= 64), 2 = wgmma (sm_90a, M <= 128), "
-                    "3 = warp-specialised wgmma (sm_90a, any M; --tiles are its variants 1..6)")
+                    "3 = warp-specialised wgmma (sm_90a, any M; --tiles are its variants 1..7)")
     args = ap.parse_args()
     kernels.load()
     copy = timing.copy_bandwidth()

@@ -44,7 +44,7 @@ for k, n, g in [shapes[int(i)] for i in narrow["shapes"].split(",")] if "shapes"
         for kernel in kernel_set:
             if (kernel == 1 and m > 64) or (kernel == 2 and m > 128) or (kernel > 1 and not wgmma):
                 continue
-            for tiles in ((only or range(1, 7)) if kernel == 3 else (1, 2)):
+            for tiles in ((only or range(1, 8)) if kernel == 3 else (1, 2)):
                 if (kernel == 2 and m > 64 and tiles == 2) or (kernel == 1 and m <= 16 and tiles == 1):
                     continue  # no such variant (the planner's tables)
                 for order in order_set if kernel > 1 else (0,):

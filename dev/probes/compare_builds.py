@@ -200,7 +200,7 @@ PATCHES["warp_release"] = [
   if constexpr (kPair) {
     if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);
     __syncwarp();"""),
-    ("gemm_w4a16_wgmma.cu", "kBatchThreads + (kPair ? kBatchWarps : 0)", "kBatchWarps + (kPair ? kBatchWarps : 0)"),
+    ("gemm_w4a16_wgmma.cu", "S::kMmaThreads + (kPair ? kMmaWarps : 0)", "kMmaWarps + (kPair ? kMmaWarps : 0)"),
     ("gemm_w4a16_wgmma.cu", "      mbar_arrive(b.empty_b + 8 * held);", "      release_stage<false>(b.empty_b + 8 * held, lane);"),
 ]
 
@@ -237,9 +237,9 @@ __device__ __forceinline__ uint64_t evict_normal_policy() {"""),
 _STAGE_WAIT = """      const int s = i % S::kStages;
       mbar_wait(b.full_a + 8 * s, (i / S::kStages) & 1);"""
 PATCHES["wg_lockstep"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
-    "      mbar_wait(b.full_a", "      mma_threads_sync();\n      mbar_wait(b.full_a"))]
+    "      mbar_wait(b.full_a", "      mma_threads_sync<S::kMmaThreads>();\n      mbar_wait(b.full_a"))]
 PATCHES["wg_lockstep2"] = [("gemm_w4a16_wgmma.cu", _STAGE_WAIT, _STAGE_WAIT.replace(
-    "      mbar_wait(b.full_a", "      if ((i & 1) == 0) mma_threads_sync();\n      mbar_wait(b.full_a"))]
+    "      mbar_wait(b.full_a", "      if ((i & 1) == 0) mma_threads_sync<S::kMmaThreads>();\n      mbar_wait(b.full_a"))]
 # Softer: before a stage, a thread waits until both warpgroups have released part A of the stage two
 # steps back (the empty barrier the producer waits on; its phase cannot have moved on again, since
 # that needs this thread past the stage's next use), so neither runs more than about a step and a
@@ -321,14 +321,14 @@ PATCHES["two_producers"] = [
     ("gemm_w4a16_wgmma.cu", "uint32_t smem0, const WsBarriers& b, int lane) {",
      "uint32_t smem0, const WsBarriers& b, int lane, int part) {"),
     ("gemm_w4a16_wgmma.cu", "  if (more) ws_copy_constants<S, kBulk>(", "  if (more && part == 0) ws_copy_constants<S, kBulk>("),
-    ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || warp == kBatchWarps + 1) {"),
-    ("gemm_w4a16_wgmma.cu", "blockIdx.z, kb0, nkb, lane);", "blockIdx.z, kb0, nkb, lane, warp - kBatchWarps);"),
-    ("gemm_w4a16_wgmma.cu", "(a, wmap, xmap, xtail, smem0, b, lane);", "(a, wmap, xmap, xtail, smem0, b, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "    if (warp == kMmaWarps) {", "    if (warp == kMmaWarps || warp == kMmaWarps + 1) {"),
+    ("gemm_w4a16_wgmma.cu", "blockIdx.z, kb0, nkb, lane);", "blockIdx.z, kb0, nkb, lane, warp - kMmaWarps);"),
+    ("gemm_w4a16_wgmma.cu", "(a, wmap, xmap, xtail, smem0, b, lane);", "(a, wmap, xmap, xtail, smem0, b, lane, warp - kMmaWarps);"),
 ]
 # the split launches' producer only (the persistent one, at 40 registers, spills 20-60 bytes split in two)
 PATCHES["two_producers_split"] = PATCHES["two_producers"][:2] + [
-    ("gemm_w4a16_wgmma.cu", "    if (warp == kBatchWarps) {", "    if (warp == kBatchWarps || (kSplit && warp == kBatchWarps + 1)) {"),
-    ("gemm_w4a16_wgmma.cu", "blockIdx.z, kb0, nkb, lane);", "blockIdx.z, kb0, nkb, lane, warp - kBatchWarps);"),
+    ("gemm_w4a16_wgmma.cu", "    if (warp == kMmaWarps) {", "    if (warp == kMmaWarps || (kSplit && warp == kMmaWarps + 1)) {"),
+    ("gemm_w4a16_wgmma.cu", "blockIdx.z, kb0, nkb, lane);", "blockIdx.z, kb0, nkb, lane, warp - kMmaWarps);"),
 ]
 
 

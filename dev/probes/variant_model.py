@@ -3,12 +3,15 @@ replayed offline against a sweep of every variant (dev/bench_batch.py --kernels 
 --splits 0), to see which variant it picks per cell and to fit its per-variant costs (lab only).
 
     python3 dev/probes/variant_model.py SWEEP.txt [--costs 210,130,130,100,100] [--fit]
+    python3 dev/probes/variant_model.py --costs 210,140,130,100,100 --where-7 4096x6144,14336x4096
 
 Prints, per (shape, M) of the sweep, the measured time of every variant, the model's pick and how far
 it is from the best; with --fit, the cost vectors (v5 fixed at 100) whose picks lose least over the
 sweep (geometric mean). The cluster counts are the H100's (dev/probes/cluster_fit.cu). Only the
 cost model's pick among variants 1-5 is replayed, not the fill rule after it that turns variant 5
-into its pairs (variant 6).
+into its pairs (variant 6). --where-7 prints, per shape, the M (1-1024) at which the rule after
+those picks variant 7 (192-row tiles on three MMA warpgroups), the pairs' first rule (past one wave
+of pairs) replayed before it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import re
 
 SMS = 132
 CLUSTERS = {2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}  # clusters of S one-block-an-SM blocks at once (H100)
-TOKENS = {1: 64, 2: 64, 3: 128, 4: 128, 5: 256}
-ROWS = {1: 128, 2: 256, 3: 128, 4: 256, 5: 128}
+TOKENS = {1: 64, 2: 64, 3: 128, 4: 128, 5: 256, 7: 128}
+ROWS = {1: 128, 2: 256, 3: 128, 4: 256, 5: 128, 7: 192}
+COST_7 = 110
 SPLIT_MIN_KBLOCKS, MAX_SPLITS, SPLIT_BASE_COST = 8, 8, 2
 STREAM_K_COST, STREAM_K_CUT_KBLOCKS = 250, 3
 
@@ -55,18 +59,44 @@ def spread_waves(tiles: int, kblocks: int) -> int:
     return whole * 1000 + (rest * 1000 // blocks + STREAM_K_COST if sk else 1000 if rest > 0 else 0)
 
 
-def pick(m: int, k: int, n: int, costs: dict) -> int:
+def cost_of(v: int, m: int, k: int, n: int, costs: dict) -> int:
     kblocks = -(-k // 128)
+    blocks = -(-n // ROWS[v]) * -(-m // TOKENS[v])
+    splits = fit_splits(blocks, auto_splits(blocks, kblocks))
+    per_block = -(-kblocks // splits) + (splits + SPLIT_BASE_COST if splits > 1 else 0)
+    waves = -(-(blocks * splits) // SMS) * 1000 if splits > 1 else spread_waves(blocks, kblocks)
+    return waves * TOKENS[v] * ROWS[v] * costs[v] * per_block
+
+
+def pick(m: int, k: int, n: int, costs: dict) -> int:
     best, best_cost = 5, None
     for v in (5, 4, 3, 2, 1):  # ties go to the larger tile
-        blocks = -(-n // ROWS[v]) * -(-m // TOKENS[v])
-        splits = fit_splits(blocks, auto_splits(blocks, kblocks))
-        per_block = -(-kblocks // splits) + (splits + SPLIT_BASE_COST if splits > 1 else 0)
-        waves = -(-(blocks * splits) // SMS) * 1000 if splits > 1 else spread_waves(blocks, kblocks)
-        cost = waves * TOKENS[v] * ROWS[v] * costs[v] * per_block
+        cost = cost_of(v, m, k, n, costs)
         if best_cost is None or cost < best_cost:
             best, best_cost = v, cost
     return best
+
+
+def picks_7(m: int, k: int, n: int, costs: dict) -> bool:
+    best = pick(m, k, n, costs)
+    pairs = -(-m // 256) * ((-(-n // 128) + 1) // 2)
+    if best == 5 and m >= 256 and pairs > SMS // 2:
+        return False  # the pairs, past one wave of them
+    if m > 256 or (m > 128 and n % 192 != 0):
+        return False
+    return cost_of(7, m, k, n, {**costs, 7: COST_7}) < cost_of(best, m, k, n, costs)
+
+
+def ranges(ms: list[int]) -> str:
+    """1, 2, 3, 7, 8 -> '1-3, 7-8'."""
+    out, start = [], None
+    for i, m in enumerate(ms):
+        if start is None:
+            start = m
+        if i + 1 == len(ms) or ms[i + 1] != m + 1:
+            out.append(f"{start}-{m}" if m != start else f"{m}")
+            start = None
+    return ", ".join(out) or "none"
 
 
 def read_sweep(path: str) -> dict:
@@ -95,12 +125,18 @@ def loss(cells: dict, costs: dict) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("sweep")
+    ap.add_argument("sweep", nargs="?")
     ap.add_argument("--costs", default="210,130,130,100,100")
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--where-7", help="KxN,... : the M at which variant 7 is picked")
     args = ap.parse_args()
-    cells = read_sweep(args.sweep)
     costs = dict(zip(range(1, 6), (int(c) for c in args.costs.split(","))))
+    if args.where_7:
+        for shape in args.where_7.split(","):
+            k, n = (int(v) for v in shape.split("x"))
+            print(f"{shape}: variant 7 at M = {ranges([m for m in range(1, 1025) if picks_7(m, k, n, costs)])}")
+        return
+    cells = read_sweep(args.sweep)
     for (k, n, m), times in sorted(cells.items()):
         v = pick(m, k, n, costs)
         best = min(times, key=times.get)

@@ -125,11 +125,12 @@ W = """    mbar_arrive_expect_tx(full, atom + kTiles8 * 512);
     tensor_copy_4d_g2s("""
 NOW = """    mbar_arrive_expect_tx(full, atom + (i < S::kStages ? kTiles8 * 512 : 0));
     if (i < S::kStages) tensor_copy_4d_g2s("""
-SPLIT = """      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);
+SPLIT = """      reduce_split_cluster_of<MT, S::kRows, S::kMmaThreads>(a, smem0, blockIdx.y, blockIdx.z * MT,
+                                                            blockIdx.x * S::kRows);
 """
 NOREDUCE = ""
-STORE = """        store_result_tile<MT, S::kRows, NT, kPasses>("""
-NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRows, NT, kPasses>("""
+STORE = """        store_result_tile<MT, S::kRows, NT, kPasses, kThreads>("""
+NOSTORE = """        if (acc[0][0][0] == 1234567.f) store_result_tile<MT, S::kRows, NT, kPasses, kThreads>("""
 
 # the pairs (variant 6): each block copying its whole x atoms itself, no multicast (the stages still
 # released on both blocks' barriers); and that with each block's barriers its own alone (no coupling)
@@ -139,8 +140,8 @@ NOMC = """(void)rank;
       tensor_copy_2d_g2s(dst + kAtom / 2, x, k0, m0 + S::kTokens / 2, bar, xpolicy);"""
 PAIR_RELEASE = """    if (lane == 0) mbar_arrive_remote(bar, cluster_rank() ^ 1);"""
 OWN_RELEASE = ""
-PAIR_COUNT = "kBatchThreads + (kPair ? kBatchWarps : 0)"
-OWN_COUNT = "kBatchThreads"
+PAIR_COUNT = "S::kMmaThreads + (kPair ? kMmaWarps : 0)"
+OWN_COUNT = "S::kMmaThreads"
 
 # the MMA warps' loop with no work: each waits for a stage and releases its parts where wgmma_stage
 # would, so the ring runs at what the producer and the copies give it inside the real kernel

@@ -103,7 +103,7 @@ def accessor_patches(symbol: str, name: str, elem_bytes: int) -> list[tuple[str,
 # stream-K's store begun / done, 26 / 27 split-K's cluster sum begun / this thread's share done, 28
 # (tiles, smid), 29 k-blocks of tiles 0-3, 30 exit
 PATCHES = [
-    (KERNEL, "constexpr int kWsThreads = kBatchThreads + 128;", TRACE + "constexpr int kWsThreads = kBatchThreads + 128;"),
+    (KERNEL, "__host__ __device__ constexpr int ws_threads(int wg)", TRACE + "__host__ __device__ constexpr int ws_threads(int wg)"),
     (KERNEL, "  const WsBarriers b(smem_u32(bars), S::kStages);\n  pdl_launch_dependents();",
      "  const WsBarriers b(smem_u32(bars), S::kStages);\n  W4_T(0);\n  pdl_launch_dependents();"),
     (KERNEL, "  pdl_wait();\n  int i = 0;  // steps into the ring",
@@ -132,19 +132,20 @@ PATCHES = [
      "    w4_note(28, tseg, smid);\n    w4_note(29, kbs, 0);\n  }\n}"),
     (KERNEL, "    if constexpr (kPair) cluster_sync();\n  }\n#endif\n}\n\nstruct WgVariant",
      "    if constexpr (kPair) cluster_sync();\n    W4_T(30);\n  }\n#endif\n}\n\nstruct WgVariant"),
-    (KERNEL, "      cluster_sync();\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n",
-     "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster_of<MT, S::kRows>(a, smem0, blockIdx.y, blockIdx.z * MT, blockIdx.x * S::kRows);\n"
-     "      W4_T(27);\n"),
-    (KERNEL, "          stream_k_add<kPair>(acc, a, (seg.unit + 1) * a.kblocks);\n",
-     "          W4_T(20);\n          stream_k_add<kPair>(acc, a, (seg.unit + 1) * a.kblocks);\n          W4_T(21);\n"),
+    (KERNEL, "      cluster_sync();\n      reduce_split_cluster_of<MT, S::kRows, S::kMmaThreads>(",
+     "      cluster_sync();\n      W4_T(26);\n      reduce_split_cluster_of<MT, S::kRows, S::kMmaThreads>("),
+    (KERNEL, "                                                            blockIdx.x * S::kRows);\n",
+     "                                                            blockIdx.x * S::kRows);\n      W4_T(27);\n"),
+    (KERNEL, "          stream_k_add<kPair, kThreads>(acc, a, (seg.unit + 1) * a.kblocks);\n",
+     "          W4_T(20);\n          stream_k_add<kPair, kThreads>(acc, a, (seg.unit + 1) * a.kblocks);\n          W4_T(21);\n"),
     (KERNEL, "      while (ld_acquire_gpu(a.counters + slot) == 0) __nanosleep(64);\n",
      "      while (ld_acquire_gpu(a.counters + slot) == 0) __nanosleep(64);\n    W4_T(24);\n"),
-    (KERNEL, "        stream_k_store(acc, a, stream_k_slot<kPair>(blockIdx.x));",
-     "        W4_T(22);\n        stream_k_store(acc, a, stream_k_slot<kPair>(blockIdx.x));\n        W4_T(23);"),
+    (KERNEL, "        stream_k_store<kThreads>(acc, a, stream_k_slot<kPair>(blockIdx.x));",
+     "        W4_T(22);\n        stream_k_store<kThreads>(acc, a, stream_k_slot<kPair>(blockIdx.x));\n        W4_T(23);"),
     (KERNEL, "    __syncthreads();\n  }\n  // Split-K: the cluster's sum",
      "    __syncthreads();\n  }\n  W4_T(32);\n  // Split-K: the cluster's sum"),
-    (KERNEL, "    setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n",
-     "    setmaxnreg_dec<kPair ? kPairProducerRegs : kWsProducerRegs>();\n    if (warp == kBatchWarps) {\n"
+    (KERNEL, "    setmaxnreg_dec<ws_producer_regs(WG, kPair)>();\n    if (warp == kMmaWarps) {\n",
+     "    setmaxnreg_dec<ws_producer_regs(WG, kPair)>();\n    if (warp == kMmaWarps) {\n"
      "      if (lane == 0) w4_stamp(33);\n"),
     (KERNEL, "  bool more = work.next(a, seg);\n",
      "  bool more = work.next(a, seg);\n  if (lane == 0) w4_stamp(34);\n"),
