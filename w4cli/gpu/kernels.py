@@ -409,8 +409,8 @@ def _batch(x: torch.Tensor, *, splits: int = 0, tiles: int = 0, kernel: int = 1,
     warp-specialised wgmma, any M; 2 and 3 on compute capability 9.0) with its split-K count,
     tiling and k order fixed (0 = chosen as `gemv` does; for kernel 3, `tiles` is the variant 1..7
     of kernels/gemm_w4a16_wgmma.cu's pick_ws_variant: tokens per tile, m64 tiles per warpgroup and
-    MMA warpgroups; `order` 1 stages x permuted by an x kernel, 2 as it lies, kernels 2 and 3 only). Not for users:
-    the tests fix them to cover every kernel, reduction and tile edge, and dev/bench_batch.py
-    sweeps them."""
+    MMA warpgroups; `order` 1 stages x permuted by an x kernel, 2 as it lies, kernels 2 and 3
+    only). Not for users: the tests fix them to cover every kernel, reduction and tile edge, and
+    dev/bench_batch.py sweeps them."""
     return load().gemm_w4_batch(x, layer["qweight"], layer["qzeros"], layer["scales"], layer.get("bias"),
                                 int(splits), int(tiles), int(kernel), False, int(order))
