@@ -1377,8 +1377,15 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
                                      static_cast<int>((N + pair.rows - 1) / pair.rows));
     if (pairs > clusters && pair_clusters_known(pair)) return 6;
     if (M > 256 && (pairs * 100 >= kPairsMinFill * ((pairs + clusters - 1) / clusters * clusters) ||
-                    (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters)))
-      return 6;
+                    (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))) {
+      // One wave of variant 7's tiles where N is whole row blocks of 192, rather than one wave of
+      // pairs: 4096x6144 at M = 512 is 128 tiles of 128 x 192 on 128 SMs against 48 pairs on 96.
+      // H100, alternately against the pairs: 3% faster at M = 400, 7% at 448, 4% at 512 (level on
+      // an H200 at 512). Variant 7's tiles in pairs ran level with variant 5's at M = 448-512 and
+      // 10-13% slower than the planner at 768-1024 (dev/LOG.md).
+      const int64_t tiles7 = (N + 191) / 192 * ((M + 127) / 128);
+      return pairs <= clusters && N % 192 == 0 && tiles7 <= sms ? 7 : 6;
+    }
   }
   // Variant 7's 192-row tiles fill the SMs where 128 and 256 rows do not divide evenly: 4096x6144
   // at M = 256 is 64 tiles of 192 x 128 at S = 2 on 128 SMs against variant 5's 48 of 128 x 256

@@ -10,8 +10,8 @@ it is from the best; with --fit, the cost vectors (v5 fixed at 100) whose picks 
 sweep (geometric mean). The cluster counts are the H100's (dev/probes/cluster_fit.cu). Only the
 cost model's pick among variants 1-5 is replayed, not the fill rule after it that turns variant 5
 into its pairs (variant 6). --where-7 prints, per shape, the M (1-1024) at which the rule after
-those picks variant 7 (192-row tiles on three MMA warpgroups), the pairs' first rule (past one wave
-of pairs) replayed before it.
+those picks variant 7 (192-row tiles on three MMA warpgroups), the pairs' rules replayed before it
+(past one wave of pairs; one wave of them, which variant 7 takes where its tiles fit one wave).
 """
 
 from __future__ import annotations
@@ -79,9 +79,12 @@ def pick(m: int, k: int, n: int, costs: dict) -> int:
 
 def picks_7(m: int, k: int, n: int, costs: dict) -> bool:
     best = pick(m, k, n, costs)
-    pairs = -(-m // 256) * ((-(-n // 128) + 1) // 2)
-    if best == 5 and m >= 256 and pairs > SMS // 2:
+    pairs, clusters = -(-m // 256) * ((-(-n // 128) + 1) // 2), CLUSTERS[2]
+    if best == 5 and m >= 256 and pairs > clusters:
         return False  # the pairs, past one wave of them
+    if best == 5 and m > 256 and (pairs * 100 >= 95 * -(-pairs // clusters) * clusters or pairs * 100 >= 70 * clusters):
+        # one wave of pairs, or of variant 7's tiles in its place
+        return n % 192 == 0 and -(-n // 192) * -(-m // 128) <= SMS
     if m > 256 or (m > 128 and n % 192 != 0):
         return False
     return cost_of(7, m, k, n, {**costs, 7: COST_7}) < cost_of(best, m, k, n, costs)
