@@ -308,8 +308,8 @@ def test_pairs_random_real_shape(hopper):
 # the barrier wgmma kernel (2) up to 128 rows (at 16 and 24 with its scale after the wgmma where its
 # tiles allow it), the warp-specialised one (3) beyond and at M = 100, each with the planner's own
 # variant and split (on 132 SMs 4096x14336 at M = 1000 takes the pairs past one wave, x as it lies,
-# and variant 5 with stream-K in the permuted order; 14336x4096 at M = 100 and 4096x6144 at M =
-# 129-256 and 400 variant 7)
+# and variant 5 with stream-K in the permuted order; 14336x4096 at M = 100 and 4096x6144 at
+# M = 129-256 and 400 variant 7)
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (14336, 4096), (4096, 14336), (8192, 28672)])
 @pytest.mark.parametrize("m,kernel", [(16, 2), (24, 2), (64, 2), (100, 3), (128, 2), (129, 3), (256, 3), (400, 3),
                                       (1000, 3)])
