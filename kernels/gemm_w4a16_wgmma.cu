@@ -1383,8 +1383,8 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
       // H100, alternately against the pairs: 3% faster at M = 400, 7% at 448, 4% at 512 (level on
       // an H200 at 512). Variant 7's tiles in pairs ran level with variant 5's at M = 448-512 and
       // 10-13% slower than the planner at 768-1024 (dev/LOG.md).
-      const int64_t tiles7 = (N + 191) / 192 * ((M + 127) / 128);
-      return pairs <= clusters && N % 192 == 0 && tiles7 <= sms ? 7 : 6;
+      const int64_t tiles7 = N / kRows[7] * ((M + kTokens[7] - 1) / kTokens[7]);
+      return pairs <= clusters && N % kRows[7] == 0 && tiles7 <= sms ? 7 : 6;
     }
   }
   // Variant 7's 192-row tiles fill the SMs where 128 and 256 rows do not divide evenly: 4096x6144
@@ -1396,7 +1396,7 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
   // and on 4096x4096 at M = 128-512 6-22% slower (H100 and H200, dev/LOG.md). H100, against the
   // model's pick: 4096x6144 at M = 144-256 8-12% faster, 14336x4096 at M = 80-128 4-8%, 8192x10240
   // at M = 128 13%.
-  if (M <= 256 && (M <= 128 || N % 192 == 0) && cost_of(7) < best_cost) return 7;
+  if (M <= 256 && (M <= 128 || N % kRows[7] == 0) && cost_of(7) < best_cost) return 7;
   return best;
 }
 
