@@ -283,7 +283,10 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
 // through distributed shared memory, and writes y (bias in fp32, one rounding); a second barrier,
 // without a release (cluster_sync_reads_done: it would wait for the stores of y), keeps every
 // block's shared memory alive until the others have read it. Nothing goes through
-// global memory, and the bits of a sum do not depend on which block adds it.
+// global memory, and the bits of a sum do not depend on which block adds it. Pushed instead (each
+// block storing the others' tokens from its registers into their shared memory, by st.async or
+// plain remote stores) the sum ran 2-10% slower at M = 64-128 (H200, dev/LOG.md): here the
+// partial's store falls in the time a block waits for its cluster's slowest block anyway.
 template <int MT, int R>
 struct SplitTile {
   static constexpr int kStride = R + 4;  // floats per token row
