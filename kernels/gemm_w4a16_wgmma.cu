@@ -285,8 +285,8 @@ __device__ __forceinline__ void wgmma_stage(const uint8_t* st, uint32_t st_addr,
 // block's shared memory alive until the others have read it. Nothing goes through
 // global memory, and the bits of a sum do not depend on which block adds it. Pushed instead (each
 // block storing the others' tokens from its registers into their shared memory, by st.async or
-// plain remote stores) the sum ran 2-10% slower at M = 64-128 (H200, dev/LOG.md), with the same
-// bytes over the cluster network.
+// plain remote stores) the launches ran 1-10% slower at M = 64 and no faster past it (within 3%
+// either way; H200, dev/LOG.md), with the same bytes over the cluster network.
 template <int MT, int R>
 struct SplitTile {
   static constexpr int kStride = R + 4;  // floats per token row
