@@ -1383,8 +1383,8 @@ int default_ws_variant(int64_t M, int64_t K, int64_t N, int sms) {
                     (pairs <= clusters && pairs * 100 >= kPairsOneWaveFill * clusters))) {
       // One wave of variant 7's tiles where N is whole row blocks of 192, rather than one wave of
       // pairs: 4096x6144 at M = 512 is 128 tiles of 128 x 192 on 128 SMs against 48 pairs on 96.
-      // H100, alternately against the pairs: 3% faster at M = 400, 7% at 448, 4% at 512 (level on
-      // an H200 at 512). Variant 7's tiles in pairs ran level with variant 5's at M = 448-512 and
+      // Alternately against the pairs: 3% faster at M = 400, 7% at 448, 4% at 512 (H100); 2%, 4%
+      // and 3% (H200). Variant 7's tiles in pairs ran level with variant 5's at M = 448-512 and
       // 10-13% slower than the planner at 768-1024 (dev/LOG.md).
       const int64_t tiles7 = N / kRows[7] * ((M + kTokens[7] - 1) / kTokens[7]);
       return pairs <= clusters && N % kRows[7] == 0 && tiles7 <= sms ? 7 : 6;
